@@ -1,0 +1,1 @@
+"""valetkey control plane: authenticates runtimes, mints per-run tokens, serves JWKS."""

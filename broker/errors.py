@@ -1,0 +1,120 @@
+"""The one exception family of valetkey, and the stable reason codes.
+
+    ValetkeyError                 code, status, detail; rendered as {"error": code, "detail": ...}
+    ├── BadRequest                400  client sent something malformed or outside the contract
+    ├── Unauthenticated           401  no caller identity, or a token that does not verify
+    ├── Forbidden                 403  caller known, action not allowed by policy
+    ├── NotFound                  404
+    ├── PayloadTooLarge           413
+    ├── UpstreamError             502/504  a dependency (Vault, Redis, upstream) failed
+    └── Unavailable               503  fail-closed: state we rely on cannot be confirmed
+
+Foreign exceptions (hvac, redis, httpx) are translated where they enter, with
+``raise ... from exc``; messages never carry a secret or a token.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, ClassVar
+
+
+class Reason(StrEnum):
+    """Stable reason codes: the same string in the response, the audit line and the metric."""
+
+    OK = "ok"
+    # request shape
+    INVALID_REQUEST = "invalid_request"
+    BODY_TOO_LARGE = "body_too_large"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    # caller identity
+    UNAUTHENTICATED = "unauthenticated"
+    UNKNOWN_CALLER = "unknown_caller"
+    AMBIGUOUS_CALLER = "ambiguous_caller"
+    NOT_ADMIN = "not_admin"
+    # minting
+    UNKNOWN_AUDIENCE = "unknown_audience"
+    UNKNOWN_PURPOSE = "unknown_purpose"
+    PURPOSE_NOT_ALLOWED = "purpose_not_allowed"
+    MISSING_PARAM = "missing_param"
+    EXTRA_PARAM = "extra_param"
+    PARAM_WIDENS_TEMPLATE = "param_widens_template"
+    TTL_TOO_LONG = "ttl_too_long"
+    TOO_MANY_GRANTS = "too_many_grants"
+    DUPLICATE_GRANT = "duplicate_grant"
+    # tokens
+    INVALID_TOKEN = "invalid_token"
+    AUDIENCE_MISMATCH = "audience_mismatch"
+    # dependencies
+    VAULT_UNAVAILABLE = "vault_unavailable"
+    REDIS_UNAVAILABLE = "redis_unavailable"
+    SIGNING_FAILED = "signing_failed"
+
+
+class ValetkeyError(Exception):
+    """Base of every error valetkey raises on purpose; carries a stable code and an HTTP status."""
+
+    status: ClassVar[int] = 500
+    default_reason: ClassVar[Reason] = Reason.INVALID_REQUEST
+
+    def __init__(self, detail: str, reason: Reason | None = None, **extra: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.reason = reason or self.default_reason
+        self.extra = extra
+
+    @property
+    def code(self) -> str:
+        return self.reason.value
+
+    def body(self) -> dict[str, Any]:
+        return {"error": self.code, "detail": self.detail, **self.extra}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(reason={self.code!r}, detail={self.detail!r})"
+
+
+class BadRequest(ValetkeyError):
+    status = 400
+    default_reason = Reason.INVALID_REQUEST
+
+
+class Unauthenticated(ValetkeyError):
+    status = 401
+    default_reason = Reason.UNAUTHENTICATED
+
+
+class Forbidden(ValetkeyError):
+    status = 403
+    default_reason = Reason.PURPOSE_NOT_ALLOWED
+
+
+class NotFound(ValetkeyError):
+    status = 404
+    default_reason = Reason.NOT_FOUND
+
+
+class PayloadTooLarge(ValetkeyError):
+    status = 413
+    default_reason = Reason.BODY_TOO_LARGE
+
+
+class UpstreamError(ValetkeyError):
+    status = 502
+    default_reason = Reason.VAULT_UNAVAILABLE
+
+
+class Unavailable(ValetkeyError):
+    status = 503
+    default_reason = Reason.VAULT_UNAVAILABLE
+
+
+class TokenInvalid(Unauthenticated):
+    """A run token failed verification; ``check`` names the step that failed (for tests and logs)."""
+
+    default_reason = Reason.INVALID_TOKEN
+
+    def __init__(self, detail: str, check: str, reason: Reason | None = None) -> None:
+        super().__init__(detail, reason)
+        self.check = check

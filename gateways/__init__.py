@@ -1,0 +1,1 @@
+"""valetkey data plane: one gateway per upstream injects the real secret."""

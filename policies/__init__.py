@@ -1,0 +1,14 @@
+"""The valetkey policy language: versioned YAML validated completely at load."""
+
+from policies.load import Problem, PolicyLoadError, load_policy_dir
+from policies.model import PolicySet, Purpose, Runtime, Upstream
+
+__all__ = [
+    "PolicyLoadError",
+    "PolicySet",
+    "Problem",
+    "Purpose",
+    "Runtime",
+    "Upstream",
+    "load_policy_dir",
+]

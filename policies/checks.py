@@ -1,0 +1,364 @@
+"""Field-by-field validation of raw policy documents into model objects.
+
+Every function records problems in a ``Report`` and returns ``None`` for a document it could not
+build; the loader raises only after all files are read, so one run shows every error.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from policies import units
+from policies.model import (
+    Identity,
+    Injection,
+    Limits,
+    Placement,
+    Purpose,
+    Rate,
+    Runtime,
+    SandboxEnv,
+    SecretRef,
+    Upstream,
+)
+from policies.templates import PathTemplate, TemplateError
+
+if TYPE_CHECKING:
+    from policies.load import Problem
+
+NAME = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
+PURPOSE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+HEADER_NAME = re.compile(r"^[A-Za-z0-9-]+$")
+KV_PATH = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+NEVER_METHODS = frozenset({"TRACE", "TRACK", "CONNECT"})
+MAX_GRANTS_CEILING = 64
+DEFAULT_MAX_GRANTS = 8
+
+
+@dataclass
+class Report:
+    file: str
+    problems: list[Problem]
+
+    def add(self, rule: str, message: str, fix: str) -> None:
+        from policies.load import Problem
+
+        self.problems.append(Problem(self.file, rule, message, fix))
+
+
+def _keys(doc: dict[str, Any], rule: str, required: set[str], optional: set[str], r: Report) -> bool:
+    ok = True
+    for key in sorted(set(doc) - required - optional, key=str):
+        r.add(rule, f"unknown key {key!r}", f"remove it; allowed keys: {sorted(required | optional)}")
+        ok = False
+    for key in sorted(required - set(doc)):
+        r.add(rule, f"missing key {key!r}", f"add `{key}:`")
+        ok = False
+    return ok
+
+
+def _mapping(value: Any, rule: str, r: Report) -> dict[str, Any] | None:
+    if isinstance(value, dict):
+        return value
+    r.add(rule, f"expected a mapping, got {type(value).__name__}", "write it as `key: value` lines")
+    return None
+
+
+def _string(value: Any, rule: str, r: Report, pattern: re.Pattern[str] | None = None) -> str | None:
+    if not isinstance(value, str) or not value.strip():
+        r.add(rule, f"expected a non-empty string, got {value!r}", "give a string value")
+        return None
+    if pattern is not None and not pattern.fullmatch(value):
+        r.add(rule, f"{value!r} does not match {pattern.pattern}", "rename it to fit the pattern")
+        return None
+    return value
+
+
+def upstream(doc: dict[str, Any], r: Report) -> Upstream | None:
+    name = _string(doc.get("name"), "upstream name", r, NAME)
+    rule = f"upstream {name or '?'}"
+    if not _keys(
+        doc, rule,
+        {"version", "kind", "name", "base_url", "secret", "inject", "env", "purposes"},
+        {"allow_private", "description"}, r,
+    ) or name is None:
+        return None
+    url = _base_url(doc["base_url"], f"{rule} base_url", r)
+    secret = _secret(doc["secret"], f"{rule} secret", r)
+    injection = _injection(doc["inject"], f"{rule} inject", r)
+    env = _env(doc["env"], f"{rule} env", r)
+    purposes = _purposes(doc["purposes"], rule, r)
+    allow_private = doc.get("allow_private", False)
+    if not isinstance(allow_private, bool):
+        r.add(f"{rule} allow_private", "expected true or false", "write `allow_private: false`")
+        return None
+    if url is None or secret is None or injection is None or env is None or purposes is None:
+        return None
+    scheme, host, port, base = url
+    return Upstream(
+        name=name, base_url=base, scheme=scheme, host=host, port=port, secret=secret,
+        injection=injection, env=env, purposes=MappingProxyType(purposes),
+        allow_private=allow_private, source=r.file,
+    )
+
+
+def _base_url(value: Any, rule: str, r: Report) -> tuple[str, str, int, str] | None:
+    raw = _string(value, rule, r)
+    if raw is None:
+        return None
+    fix = "write an origin such as https://api.example.com (path prefixes go in env.base_path)"
+    try:
+        parts = urlsplit(raw)
+        port = parts.port
+    except ValueError as exc:
+        r.add(rule, f"{raw!r} is not a URL ({exc})", fix)
+        return None
+    if parts.scheme not in ("http", "https"):
+        r.add(rule, f"scheme {parts.scheme!r} is not http or https", fix)
+    elif parts.username is not None or parts.password is not None or "@" in parts.netloc:
+        r.add(rule, "URL carries userinfo (user:password@)", "remove it; secrets come from Vault")
+    elif parts.fragment or "#" in raw:
+        r.add(rule, "URL has a fragment", fix)
+    elif parts.query or "?" in raw:
+        r.add(rule, "URL has a query", fix)
+    elif parts.path not in ("", "/"):
+        r.add(rule, f"URL has a path {parts.path!r}", fix)
+    elif not parts.hostname or "*" in parts.hostname:
+        r.add(rule, "URL must name exactly one host", fix)
+    else:
+        host = parts.hostname
+        port = port or (443 if parts.scheme == "https" else 80)
+        shown = f"[{host}]" if ":" in host else host
+        default = (parts.scheme == "https" and port == 443) or (parts.scheme == "http" and port == 80)
+        base = f"{parts.scheme}://{shown}" + ("" if default else f":{port}")
+        return parts.scheme, host, port, base
+    return None
+
+
+def _secret(value: Any, rule: str, r: Report) -> SecretRef | None:
+    doc = _mapping(value, rule, r)
+    if doc is None or not _keys(doc, rule, {"path", "field"}, {"mount"}, r):
+        return None
+    mount = _string(doc.get("mount", "secret"), f"{rule} mount", r, KV_PATH)
+    path = _string(doc["path"], f"{rule} path", r, KV_PATH)
+    field = _string(doc["field"], f"{rule} field", r)
+    if mount is None or path is None or field is None:
+        return None
+    return SecretRef(mount=mount, path=path, field=field)
+
+
+def _injection(value: Any, rule: str, r: Report) -> Injection | None:
+    doc = _mapping(value, rule, r)
+    if doc is None:
+        return None
+    if "header" in doc:
+        if not _keys(doc, rule, {"header"}, {"format"}, r):
+            return None
+        header = _string(doc["header"], f"{rule} header", r, HEADER_NAME)
+        fmt = _string(doc.get("format", "{secret}"), f"{rule} format", r)
+        if header is None or fmt is None:
+            return None
+        if fmt.count("{secret}") != 1 or fmt.replace("{secret}", "").count("{") > 0:
+            r.add(f"{rule} format", f"{fmt!r} must contain {{secret}} exactly once",
+                  "write e.g. 'Bearer {secret}'")
+            return None
+        return Injection(Placement.HEADER, header=header, format=fmt)
+    if "basic" in doc:
+        if not _keys(doc, rule, {"basic"}, set(), r):
+            return None
+        basic = _mapping(doc["basic"], f"{rule} basic", r)
+        if basic is None or not _keys(basic, f"{rule} basic", {"username"}, set(), r):
+            return None
+        user = _string(basic["username"], f"{rule} basic username", r)
+        if user is None or ":" in user:
+            r.add(f"{rule} basic username", "must be non-empty and free of ':'", "fix the username")
+            return None
+        return Injection(Placement.BASIC, username=user)
+    if "query" in doc:
+        if not _keys(doc, rule, {"query"}, set(), r):
+            return None
+        param = _string(doc["query"], f"{rule} query", r, re.compile(r"^[A-Za-z0-9_.-]+$"))
+        return None if param is None else Injection(Placement.QUERY, param=param)
+    r.add(rule, "no placement", "give exactly one of `header:`, `basic:` or `query:`")
+    return None
+
+
+def _env(value: Any, rule: str, r: Report) -> SandboxEnv | None:
+    doc = _mapping(value, rule, r)
+    if doc is None or not _keys(doc, rule, {"placeholder", "base_url"}, {"base_path"}, r):
+        return None
+    placeholder = _string(doc["placeholder"], f"{rule} placeholder", r, ENV_NAME)
+    base_url = _string(doc["base_url"], f"{rule} base_url", r, ENV_NAME)
+    base_path = doc.get("base_path", "")
+    if base_path and (not isinstance(base_path, str) or not re.fullmatch(r"(/[A-Za-z0-9._-]+)+", base_path)):
+        r.add(f"{rule} base_path", f"{base_path!r} is not a path like /v1", "write e.g. `/v1`")
+        return None
+    if placeholder is None or base_url is None:
+        return None
+    if placeholder == base_url:
+        r.add(rule, "placeholder and base_url name the same variable", "use two names")
+        return None
+    return SandboxEnv(placeholder=placeholder, base_url=base_url, base_path=base_path)
+
+
+def _purposes(value: Any, rule: str, r: Report) -> dict[str, Purpose] | None:
+    doc = _mapping(value, f"{rule} purposes", r)
+    if doc is None:
+        return None
+    if not doc:
+        r.add(f"{rule} purposes", "no purposes", "declare at least one purpose")
+        return None
+    out: dict[str, Purpose] = {}
+    for pname, body in doc.items():
+        prule = f"{rule} purpose {pname}"
+        if not isinstance(pname, str) or not PURPOSE_NAME.fullmatch(pname):
+            r.add(prule, "purpose name must be lower-case letters, digits, '_'", "rename it")
+            continue
+        purpose = _purpose(pname, body, prule, r)
+        if purpose is not None:
+            out[pname] = purpose
+    return out if len(out) == len(doc) else None
+
+
+def _purpose(name: str, value: Any, rule: str, r: Report) -> Purpose | None:
+    doc = _mapping(value, rule, r)
+    if doc is None or not _keys(doc, rule, {"why", "methods", "paths"}, {"params", "limits"}, r):
+        return None
+    why = doc["why"]
+    if not isinstance(why, str) or not why.strip() or "\n" in why.strip():
+        r.add(f"{rule} why", "needs a one-line reason", "write one sentence saying why it exists")
+        return None
+    methods = doc["methods"]
+    if not isinstance(methods, list) or not methods or not all(isinstance(m, str) for m in methods):
+        r.add(f"{rule} methods", "expected a non-empty list of HTTP methods", "e.g. `[GET]`")
+        return None
+    upper = frozenset(m.upper() for m in methods)
+    if upper & NEVER_METHODS or not upper <= METHODS:
+        r.add(f"{rule} methods", f"unsupported methods {sorted(upper - METHODS)}",
+              f"use only {sorted(METHODS)}")
+        return None
+    paths_raw = doc["paths"]
+    if not isinstance(paths_raw, list) or not paths_raw:
+        r.add(f"{rule} paths", "expected a non-empty list of path templates", "e.g. ['/v1/x']")
+        return None
+    paths: list[PathTemplate] = []
+    for i, raw in enumerate(paths_raw):
+        try:
+            paths.append(PathTemplate.parse(str(raw)))
+        except TemplateError as exc:
+            r.add(f"{rule} paths[{i}]", str(exc), "name a concrete path with {param} segments")
+    params = doc.get("params", [])
+    if not isinstance(params, list) or not all(isinstance(p, str) for p in params):
+        r.add(f"{rule} params", "expected a list of parameter names", "e.g. `[owner, repo]`")
+        return None
+    known = {p for t in paths for p in t.params}
+    for p in params:
+        if p not in known:
+            r.add(f"{rule} params", f"{p!r} appears in no path template", "remove it or use it")
+    limits = _limits(doc.get("limits", {}), f"{rule} limits", r)
+    if len(paths) != len(paths_raw) or limits is None or not set(params) <= known:
+        return None
+    return Purpose(name=name, why=why.strip(), methods=upper, paths=tuple(paths),
+                   params=tuple(params), limits=limits)
+
+
+def _limits(value: Any, rule: str, r: Report) -> Limits | None:
+    doc = _mapping(value, rule, r)
+    if doc is None or not _keys(doc, rule, set(), {"max_body", "rate"}, r):
+        return None
+    try:
+        max_body = units.parse_size(doc["max_body"]) if "max_body" in doc else None
+        rate = Rate(*units.parse_rate(doc["rate"])) if "rate" in doc else None
+    except ValueError as exc:
+        r.add(rule, str(exc), "write max_body like 64KiB and rate like '3 per 10m'")
+        return None
+    return Limits(max_body=max_body, rate=rate)
+
+
+def runtime(doc: dict[str, Any], r: Report) -> Runtime | None:
+    name = _string(doc.get("name"), "runtime name", r, NAME)
+    rule = f"runtime {name or '?'}"
+    if not _keys(doc, rule, {"version", "kind", "name", "identity", "allow"},
+                 {"max_ttl", "max_grants", "description"}, r) or name is None:
+        return None
+    ident = _mapping(doc["identity"], f"{rule} identity", r)
+    identity = None
+    if ident is not None and _keys(ident, f"{rule} identity", set(),
+                                   {"vault_policy", "approle_role", "entity_id"}, r):
+        if len(ident) != 1:
+            r.add(f"{rule} identity", "needs exactly one of vault_policy, approle_role, entity_id",
+                  "name the one Vault identity this runtime authenticates as")
+        else:
+            field, val = next(iter(ident.items()))
+            if _string(val, f"{rule} identity {field}", r) is not None:
+                identity = Identity(**{field: val})
+    allow = _allow(doc["allow"], f"{rule} allow", r)
+    try:
+        max_ttl = units.parse_duration(doc.get("max_ttl", "1h"))
+    except ValueError as exc:
+        r.add(f"{rule} max_ttl", str(exc), "write e.g. `max_ttl: 1h`")
+        return None
+    max_grants = doc.get("max_grants", DEFAULT_MAX_GRANTS)
+    if not isinstance(max_grants, int) or isinstance(max_grants, bool) or not (
+        1 <= max_grants <= MAX_GRANTS_CEILING
+    ):
+        r.add(f"{rule} max_grants", f"{max_grants!r} is not 1..{MAX_GRANTS_CEILING}",
+              "write a small whole number")
+        return None
+    if identity is None or allow is None:
+        return None
+    return Runtime(name=name, identity=identity, allow=MappingProxyType(allow), max_ttl=max_ttl,
+                   max_grants=max_grants, source=r.file)
+
+
+def _allow(value: Any, rule: str, r: Report) -> dict[str, frozenset[str]] | None:
+    doc = _mapping(value, rule, r)
+    if doc is None:
+        return None
+    out: dict[str, frozenset[str]] = {}
+    for upstream_name, purposes in doc.items():
+        if not isinstance(purposes, list) or not purposes or not all(
+            isinstance(p, str) for p in purposes
+        ):
+            r.add(f"{rule} {upstream_name}", "expected a list of purpose names",
+                  "e.g. `github: [read_issues]`")
+            return None
+        out[str(upstream_name)] = frozenset(purposes)
+    return out
+
+
+def cross_references(
+    upstreams: dict[str, Upstream], runtimes: dict[str, Runtime], problems: list[Problem]
+) -> None:
+    """Runtimes name only existing upstreams and purposes; identities and env vars do not collide."""
+    seen_identity: dict[Identity, str] = {}
+    for rt in runtimes.values():
+        r = Report(rt.source, problems)
+        for up_name, purposes in rt.allow.items():
+            up = upstreams.get(up_name)
+            if up is None:
+                r.add(f"runtime {rt.name} allow", f"unknown upstream {up_name!r}",
+                      f"use one of {sorted(upstreams)}")
+                continue
+            for p in sorted(purposes - set(up.purposes)):
+                r.add(f"runtime {rt.name} allow {up_name}", f"unknown purpose {p!r}",
+                      f"use one of {sorted(up.purposes)}")
+        if rt.identity in seen_identity:
+            r.add(f"runtime {rt.name} identity",
+                  f"same Vault identity as runtime {seen_identity[rt.identity]}",
+                  "give each runtime its own Vault identity")
+        seen_identity[rt.identity] = rt.name
+    seen_env: dict[str, str] = {}
+    for up in upstreams.values():
+        for var in (up.env.placeholder, up.env.base_url):
+            if var in seen_env:
+                Report(up.source, problems).add(
+                    f"upstream {up.name} env", f"variable {var} also used by {seen_env[var]}",
+                    "give each upstream its own environment variables")
+            seen_env[var] = up.name

@@ -1,0 +1,132 @@
+"""Load policy YAML into validated objects, reporting every problem with file, rule and fix.
+
+Each YAML document has ``version: 1`` and ``kind: upstream`` or ``kind: runtime``. A directory is
+read recursively (``*.yaml``/``*.yml``, several documents per file allowed). Unknown keys are
+errors. Nothing half-valid is returned: any error raises ``PolicyLoadError`` listing all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from policies import checks
+from policies.model import POLICY_VERSION, PolicySet, Runtime, Upstream
+
+
+@dataclass(frozen=True)
+class Problem:
+    file: str
+    rule: str
+    message: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.rule}: {self.message} (fix: {self.fix})"
+
+
+class PolicyLoadError(ValueError):
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate mapping keys instead of keeping the last one."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    mapping: dict[Any, Any] = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node)
+        if key in mapping:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        mapping[key] = loader.construct_object(value_node)
+    return mapping
+
+
+_UniqueKeyLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+    _construct_mapping,  # type: ignore[arg-type]
+)
+
+
+def policy_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
+
+
+def load_policy_dir(directory: str | Path) -> PolicySet:
+    """Load and validate every policy document under ``directory``."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise PolicyLoadError(
+            [Problem(str(root), "policy dir", "is not a directory", "point to a policy directory")]
+        )
+    return load_policy_files(policy_files(root))
+
+
+def load_policy_files(files: list[Path]) -> PolicySet:
+    problems: list[Problem] = []
+    upstreams: dict[str, Upstream] = {}
+    runtimes: dict[str, Runtime] = {}
+    for path in files:
+        for index, doc in _documents(path, problems):
+            report = checks.Report(str(path), problems)
+            kind = doc.get("kind") if isinstance(doc, dict) else None
+            where = f"document {index + 1}"
+            if not isinstance(doc, dict):
+                report.add(where, "is not a mapping", "write `version: 1` and `kind: ...` keys")
+                continue
+            if doc.get("version") != POLICY_VERSION:
+                report.add(
+                    where, f"version is {doc.get('version')!r}", f"set `version: {POLICY_VERSION}`"
+                )
+                continue
+            if kind == "upstream":
+                upstream = checks.upstream(doc, report)
+                if upstream is not None:
+                    _add_unique(upstreams, upstream.name, upstream, "upstream", report)
+            elif kind == "runtime":
+                runtime = checks.runtime(doc, report)
+                if runtime is not None:
+                    _add_unique(runtimes, runtime.name, runtime, "runtime", report)
+            else:
+                report.add(where, f"kind is {kind!r}", "set `kind: upstream` or `kind: runtime`")
+    if not problems:
+        checks.cross_references(upstreams, runtimes, problems)
+    if problems:
+        raise PolicyLoadError(problems)
+    return PolicySet(upstreams=MappingProxyType(upstreams), runtimes=MappingProxyType(runtimes))
+
+
+def _add_unique(
+    table: dict[str, Any], name: str, value: Any, kind: str, report: checks.Report
+) -> None:
+    if name in table:
+        report.add(
+            f"{kind} {name}",
+            f"duplicate {kind} name (also in {table[name].source})",
+            "give each policy document a unique name",
+        )
+    else:
+        table[name] = value
+
+
+def _documents(path: Path, problems: list[Problem]) -> list[tuple[int, Any]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+        docs = list(yaml.load_all(text, Loader=_UniqueKeyLoader))  # noqa: S506 - safe subclass
+    except (OSError, UnicodeDecodeError) as exc:
+        problems.append(Problem(str(path), "file", f"cannot be read: {exc}", "check the file"))
+        return []
+    except yaml.YAMLError as exc:
+        message = str(exc).replace("\n", " ")
+        problems.append(Problem(str(path), "yaml", message, "fix the YAML syntax"))
+        return []
+    return [(i, d) for i, d in enumerate(docs) if d is not None]

@@ -1,0 +1,143 @@
+"""Validated, frozen runtime objects of the policy language (built by ``policies.load``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Mapping
+
+from policies.templates import PathTemplate
+
+POLICY_VERSION = 1
+
+
+class Placement(StrEnum):
+    """Where the credential goes on the wire (and therefore where the placeholder is expected)."""
+
+    HEADER = "header"
+    BASIC = "basic"
+    QUERY = "query"
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    """A Vault KV v2 location: ``{mount}/data/{path}``, field ``field``."""
+
+    mount: str
+    path: str
+    field: str
+
+    @property
+    def api_path(self) -> str:
+        return f"{self.mount}/data/{self.path}"
+
+
+@dataclass(frozen=True)
+class Injection:
+    """How the real secret is put on the wire.
+
+    HEADER: ``header`` set to ``format`` with ``{secret}`` replaced.
+    BASIC: ``Authorization: Basic base64(username:secret)``; the placeholder is the password.
+    QUERY: query parameter ``param`` set to the secret.
+    """
+
+    placement: Placement
+    header: str = ""
+    format: str = "{secret}"
+    username: str = ""
+    param: str = ""
+
+    def header_names(self) -> frozenset[str]:
+        """Lower-case header names the client may use to carry a credential for this upstream."""
+        if self.placement is Placement.HEADER:
+            return frozenset({self.header.lower()})
+        if self.placement is Placement.BASIC:
+            return frozenset({"authorization"})
+        return frozenset()
+
+
+@dataclass(frozen=True)
+class Rate:
+    """``count`` requests per ``period`` seconds."""
+
+    count: int
+    period: int
+
+    def __str__(self) -> str:
+        return f"{self.count} per {self.period}s"
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_body: int | None = None
+    rate: Rate | None = None
+
+
+@dataclass(frozen=True)
+class Purpose:
+    name: str
+    why: str
+    methods: frozenset[str]
+    paths: tuple[PathTemplate, ...]
+    params: tuple[str, ...]
+    limits: Limits = Limits()
+
+    def template_params(self) -> frozenset[str]:
+        return frozenset(p for t in self.paths for p in t.params)
+
+
+@dataclass(frozen=True)
+class SandboxEnv:
+    """Environment variables the sandbox gets for this upstream."""
+
+    placeholder: str
+    base_url: str
+    base_path: str = ""
+
+
+@dataclass(frozen=True)
+class Upstream:
+    name: str
+    base_url: str
+    scheme: str
+    host: str
+    port: int
+    secret: SecretRef
+    injection: Injection
+    env: SandboxEnv
+    purposes: Mapping[str, Purpose]
+    allow_private: bool = False
+    source: str = ""
+
+    @property
+    def origin(self) -> str:
+        return self.base_url
+
+
+@dataclass(frozen=True)
+class Identity:
+    """How a runtime is recognised from its Vault token lookup: any one field set."""
+
+    vault_policy: str = ""
+    approle_role: str = ""
+    entity_id: str = ""
+
+
+@dataclass(frozen=True)
+class Runtime:
+    name: str
+    identity: Identity
+    allow: Mapping[str, frozenset[str]]
+    max_ttl: int
+    max_grants: int
+    source: str = ""
+
+    def may_grant(self, upstream: str, purpose: str) -> bool:
+        return purpose in self.allow.get(upstream, frozenset())
+
+
+@dataclass(frozen=True)
+class PolicySet:
+    upstreams: Mapping[str, Upstream] = field(default_factory=lambda: MappingProxyType({}))
+    runtimes: Mapping[str, Runtime] = field(default_factory=lambda: MappingProxyType({}))

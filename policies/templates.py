@@ -1,0 +1,101 @@
+"""Path templates with named whole-segment parameters: ``/repos/{owner}/{repo}/issues/{number}``.
+
+A parameter always stands for exactly one path segment. Parameters a run binds are substituted
+literally; unbound ones match any single non-empty segment. A bound value can never widen a
+template: it is one segment from a small safe alphabet, never ``.``/``..``, never encoded.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Mapping
+
+PARAM_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
+SAFE_LITERAL = re.compile(r"^[A-Za-z0-9._~@:+=,!$-]+$")
+# A bound value is one segment: letters, digits and a few punctuation marks; no '/', '%', '*'.
+SAFE_VALUE = re.compile(r"^[A-Za-z0-9._~@+-]{1,200}$")
+_PARAM = re.compile(r"^\{([^{}]*)\}$")
+
+
+class TemplateError(ValueError):
+    """A template that cannot be compiled; the message says why and how to fix it."""
+
+
+def value_widens(value: str) -> bool:
+    """True when a bound value could match more than one literal segment."""
+    return not SAFE_VALUE.fullmatch(value) or value in (".", "..")
+
+
+@dataclass(frozen=True)
+class PathTemplate:
+    raw: str
+    segments: tuple[str | None, ...]  # None marks a parameter
+    names: tuple[str, ...]  # parameter name at each None, in order
+
+    @property
+    def params(self) -> frozenset[str]:
+        return frozenset(self.names)
+
+    @classmethod
+    def parse(cls, raw: str) -> PathTemplate:
+        if not raw.startswith("/"):
+            raise TemplateError(f"path template {raw!r} must start with '/'")
+        if "*" in raw or "?" in raw or "#" in raw or "%" in raw:
+            raise TemplateError(
+                f"path template {raw!r} contains a wildcard, query, fragment or escape; "
+                "name each variable segment as {param}"
+            )
+        parts = raw[1:].split("/")
+        segments: list[str | None] = []
+        names: list[str] = []
+        for part in parts:
+            if part == "" and len(parts) > 1:
+                raise TemplateError(f"path template {raw!r} has an empty segment ('//' or '/' end)")
+            if part in (".", ".."):
+                raise TemplateError(f"path template {raw!r} contains a '.' or '..' segment")
+            match = _PARAM.fullmatch(part)
+            if match:
+                name = match.group(1)
+                if not PARAM_NAME.fullmatch(name):
+                    raise TemplateError(
+                        f"parameter {{{name}}} in {raw!r} must be lower-case letters, digits, '_'"
+                    )
+                if name in names:
+                    raise TemplateError(f"parameter {{{name}}} appears twice in {raw!r}")
+                segments.append(None)
+                names.append(name)
+            elif "{" in part or "}" in part:
+                raise TemplateError(
+                    f"segment {part!r} of {raw!r} mixes text and a parameter; "
+                    "a parameter must be a whole segment"
+                )
+            elif part and not SAFE_LITERAL.fullmatch(part):
+                raise TemplateError(f"segment {part!r} of {raw!r} has characters outside [A-Za-z0-9._~@:+=,!$-]")
+            else:
+                segments.append(part)
+        if not any(s for s in segments):
+            raise TemplateError(
+                f"path template {raw!r} matches every path; give it at least one literal segment"
+            )
+        return cls(raw=raw, segments=tuple(segments), names=tuple(names))
+
+    def matches(self, segments: tuple[str, ...], bound: Mapping[str, str]) -> bool:
+        """Match already-normalised, decoded path segments with ``bound`` substituted."""
+        if len(segments) != len(self.segments):
+            return False
+        names = iter(self.names)
+        for want, got in zip(self.segments, segments, strict=True):
+            if want is None:
+                name = next(names)
+                if name in bound:
+                    if got != bound[name]:
+                        return False
+                elif not got:
+                    return False
+            elif want != got:
+                return False
+        return True
+
+    def __str__(self) -> str:
+        return self.raw
