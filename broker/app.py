@@ -1,0 +1,221 @@
+"""The broker's Starlette application: authenticate the runtime, check policy, mint, register.
+
+Routes
+    POST   /v1/runs                 mint a run bundle (runtime callers)
+    GET    /v1/runs/{run_id}        the run record (its runtime, or the security team)
+    DELETE /v1/runs/{run_id}        end the run: its tokens stop verifying
+    GET    /.well-known/jwks.json   every live transit key version
+    GET    /openapi.json, /healthz, /readyz
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from broker import bundle
+from broker.callers import Caller, CallerAuthenticator
+from broker.errors import BadRequest, NotFound, PayloadTooLarge, Reason, ValetkeyError
+from broker.grants import parse_run_request
+from broker.jwks import jwks_from_transit
+from broker.openapi import OPENAPI
+from broker.runs import RunRecord, RunRegistry, new_run_id
+from broker.settings import BrokerSettings
+from broker.tokens import AccessClaims, TransitSigner
+from broker.vault import VaultClient
+from policies.load import load_policy_dir
+from policies.model import PolicySet
+
+MAX_BODY = 64 * 1024
+log = logging.getLogger("valetkey.broker")
+
+
+@dataclass
+class Services:
+    settings: BrokerSettings
+    policies: PolicySet
+    vault: VaultClient
+    redis: aioredis.Redis
+    runs: RunRegistry
+    signer: TransitSigner
+    callers: CallerAuthenticator
+
+    @classmethod
+    def build(cls, settings: BrokerSettings, policies: PolicySet | None = None) -> Services:
+        policies = policies or load_policy_dir(settings.policy_dir)
+        vault = VaultClient(settings.vault_addr, settings.vault_token)
+        client = aioredis.Redis.from_url(settings.redis_url, socket_timeout=2.0)
+        return cls(
+            settings=settings, policies=policies, vault=vault, redis=client,
+            runs=RunRegistry(client),
+            signer=TransitSigner(vault, settings.transit_mount, settings.signing_key),
+            callers=CallerAuthenticator(
+                vault, policies, settings.admin_policy, settings.caller_cache_ttl
+            ),
+        )
+
+    async def aclose(self) -> None:
+        await self.vault.aclose()
+        await self.redis.aclose()
+
+
+def event(name: str, **fields: Any) -> None:
+    """One JSON log line per broker event; never pass a token or secret here."""
+    log.info(json.dumps({"event": name, "time": round(time.time(), 3), **fields}))
+
+
+def services(request: Request) -> Services:
+    svc: Services = request.app.state.services
+    return svc
+
+
+async def read_json(request: Request) -> Any:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY:
+        raise PayloadTooLarge(f"request body is larger than {MAX_BODY} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY:
+            raise PayloadTooLarge(f"request body is larger than {MAX_BODY} bytes")
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise BadRequest("request body is not valid JSON") from None
+
+
+async def authenticate(request: Request) -> Caller:
+    return await services(request).callers.authenticate(request.headers)
+
+
+async def create_run(request: Request) -> Response:
+    svc = services(request)
+    caller = await authenticate(request)
+    runtime = caller.require_runtime()
+    run_request = parse_run_request(
+        await read_json(request), runtime, svc.policies, svc.settings.default_ttl
+    )
+    run_id, now = new_run_id(), int(time.time())
+    claims = [
+        AccessClaims.new(
+            issuer=svc.settings.issuer, run_id=run_id, audience=upstream, runtime=runtime.name,
+            grants=grants, now=now, ttl=run_request.ttl,
+        )
+        for upstream, grants in run_request.by_upstream.items()
+    ]
+    tokens = await svc.signer.sign(claims)
+    record = RunRecord(
+        run_id=run_id, runtime=runtime.name, grants=run_request.grant_list(), created=now,
+        expires=now + run_request.ttl, audiences=list(run_request.by_upstream),
+    )
+    await svc.runs.create(record)
+    event("run_created", run=run_id, runtime=runtime.name, grants=record.grants,
+          expires=record.expires, jtis=[c.jti for c in claims])
+    body = bundle.render(record, dict(zip(run_request.by_upstream, tokens, strict=True)),
+                         svc.policies, svc.settings)
+    return JSONResponse(body, status_code=201, headers={"Cache-Control": "no-store"})
+
+
+async def _owned_run(request: Request) -> tuple[Caller, RunRecord]:
+    svc = services(request)
+    caller = await authenticate(request)
+    record = await svc.runs.get(request.path_params["run_id"])
+    if record is None or not (caller.is_admin or record.runtime == caller.name):
+        raise NotFound("no such run")  # never reveal another runtime's runs
+    return caller, record
+
+
+async def get_run(request: Request) -> Response:
+    _, record = await _owned_run(request)
+    return JSONResponse(record.to_json())
+
+
+async def end_run(request: Request) -> Response:
+    caller, record = await _owned_run(request)
+    ended = await services(request).runs.end(record.run_id, caller.name)
+    event("run_ended", run=record.run_id, runtime=record.runtime, by=caller.name)
+    return JSONResponse(ended.to_json())
+
+
+async def jwks(request: Request) -> Response:
+    key = await services(request).signer.key()
+    return JSONResponse(jwks_from_transit(key), headers={"Cache-Control": "max-age=60"})
+
+
+async def openapi(request: Request) -> Response:
+    return JSONResponse(OPENAPI)
+
+
+async def healthz(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    svc = services(request)
+    checks = {"vault": await svc.vault.healthy(), "redis": await svc.runs.ping()}
+    ok = all(checks.values())
+    body: dict[str, Any] = {"status": "ready" if ok else "not_ready", "checks": checks}
+    if not ok:
+        body["error"] = "not_ready"
+    return JSONResponse(body, status_code=200 if ok else 503)
+
+
+async def on_valetkey_error(request: Request, exc: Exception) -> Response:
+    if not isinstance(exc, ValetkeyError):  # pragma: no cover - registered for this family only
+        raise exc
+    event("refused", path=request.url.path, method=request.method, error=exc.code,
+          status=exc.status)
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def on_http_error(request: Request, exc: Exception) -> Response:
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    code = {404: Reason.NOT_FOUND, 405: Reason.METHOD_NOT_ALLOWED}.get(status, Reason.INVALID_REQUEST)
+    return JSONResponse({"error": code.value, "detail": f"HTTP {status}"}, status_code=status)
+
+
+async def on_unexpected(request: Request, exc: Exception) -> Response:
+    log.error("internal error on %s %s: %s", request.method, request.url.path, type(exc).__name__)
+    return JSONResponse({"error": "internal_error", "detail": "internal error"}, status_code=500)
+
+
+def create_app(settings: BrokerSettings, policies: PolicySet | None = None) -> Starlette:
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        svc = Services.build(settings, policies)
+        app.state.services = svc
+        try:
+            yield
+        finally:
+            await svc.aclose()
+
+    routes = [
+        Route("/v1/runs", create_run, methods=["POST"]),
+        Route("/v1/runs/{run_id}", get_run, methods=["GET"]),
+        Route("/v1/runs/{run_id}", end_run, methods=["DELETE"]),
+        Route("/.well-known/jwks.json", jwks, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+    ]
+    return Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={
+            ValetkeyError: on_valetkey_error,
+            HTTPException: on_http_error,
+            Exception: on_unexpected,
+        },
+    )

@@ -1,0 +1,39 @@
+"""The run bundle: what a sandbox runtime injects into the sandbox as environment variables."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from broker.runs import RunRecord
+from broker.settings import BrokerSettings
+from policies.model import PolicySet
+
+
+def render(
+    record: RunRecord, tokens: dict[str, str], policies: PolicySet, settings: BrokerSettings
+) -> dict[str, Any]:
+    """For each upstream: placeholder var = that upstream's token, base-URL var = its gateway."""
+    env: dict[str, str] = {}
+    gateways: dict[str, str] = {}
+    for upstream_name, token in tokens.items():
+        upstream = policies.upstreams[upstream_name]
+        gateway = settings.gateway_url(upstream_name).rstrip("/")
+        gateways[upstream_name] = gateway
+        env[upstream.env.placeholder] = token
+        env[upstream.env.base_url] = gateway + upstream.env.base_path
+    return {
+        "run_id": record.run_id,
+        "runtime": record.runtime,
+        "expires_at": record.expires,
+        "expires_in": record.expires - record.created,
+        "grants": record.grants,
+        "gateways": gateways,
+        "env": env,
+        "dotenv": dotenv(env),
+    }
+
+
+def dotenv(env: dict[str, str]) -> str:
+    """``KEY=value`` lines, shell-quoted, sorted; safe to ``source`` or pass to ``--env-file``."""
+    return "".join(f"{key}={shlex.quote(value)}\n" for key, value in sorted(env.items()))

@@ -1,0 +1,119 @@
+"""Caller authentication: a sandbox runtime proves who it is with its own Vault token.
+
+The broker looks the token up in Vault with the broker's token and maps what Vault says
+(policies, AppRole role, entity) to exactly one runtime in policy, or to the security-team role
+(a Vault policy named in settings). Results are cached briefly by token hash, never by the raw
+token. Unknown or ambiguous callers are refused.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from broker.errors import Forbidden, Reason, Unauthenticated
+from broker.secret import token_hash
+from broker.vault import VaultClient
+from policies.model import PolicySet, Runtime
+
+MAX_CALLER_TOKEN = 1024
+NEGATIVE_TTL = 5.0
+CACHE_SIZE = 10_000
+
+
+@dataclass(frozen=True)
+class Caller:
+    name: str  # runtime name, or "admin:<accessor>" for the security team
+    runtime: Runtime | None
+    is_admin: bool
+    accessor: str = ""
+
+    def require_admin(self) -> None:
+        if not self.is_admin:
+            raise Forbidden("this action needs the security-team role", Reason.NOT_ADMIN)
+
+    def require_runtime(self) -> Runtime:
+        if self.runtime is None:
+            raise Forbidden("only a runtime may create runs", Reason.UNKNOWN_CALLER)
+        return self.runtime
+
+
+def caller_token(headers: Mapping[str, str]) -> str:
+    """The caller's Vault token from ``X-Vault-Token`` or ``Authorization: Bearer``."""
+    token = headers.get("x-vault-token", "")
+    auth = headers.get("authorization", "")
+    if not token and auth[:7].lower() == "bearer ":
+        token = auth[7:].strip()
+    if not token:
+        raise Unauthenticated("send your Vault token as Authorization: Bearer or X-Vault-Token")
+    if len(token) > MAX_CALLER_TOKEN or not token.isascii() or not token.isprintable():
+        raise Unauthenticated("malformed caller token", Reason.UNKNOWN_CALLER)
+    return token
+
+
+def identify(info: Mapping[str, Any], policies: PolicySet, admin_policy: str) -> Caller:
+    """Map a Vault token lookup to a caller; pure function (the table tests drive it)."""
+    held = set(info.get("policies") or []) | set(info.get("identity_policies") or [])
+    meta = info.get("meta") or {}
+    role = meta.get("role_name", "") if str(info.get("path", "")).startswith("auth/approle/") else ""
+    entity = info.get("entity_id") or ""
+    accessor = str(info.get("accessor", ""))
+    matches = [
+        rt for rt in policies.runtimes.values()
+        if (rt.identity.vault_policy and rt.identity.vault_policy in held)
+        or (rt.identity.approle_role and rt.identity.approle_role == role)
+        or (rt.identity.entity_id and rt.identity.entity_id == entity)
+    ]
+    is_admin = admin_policy in held
+    if len(matches) > 1:
+        raise Unauthenticated("caller matches more than one runtime", Reason.AMBIGUOUS_CALLER)
+    if not matches and not is_admin:
+        raise Unauthenticated("caller is not a known runtime", Reason.UNKNOWN_CALLER)
+    runtime = matches[0] if matches else None
+    name = runtime.name if runtime else f"admin:{accessor[:12]}"
+    return Caller(name=name, runtime=runtime, is_admin=is_admin, accessor=accessor)
+
+
+class CallerAuthenticator:
+    def __init__(
+        self, vault: VaultClient, policies: PolicySet, admin_policy: str, cache_ttl: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._vault = vault
+        self._policies = policies
+        self._admin_policy = admin_policy
+        self._ttl = cache_ttl
+        self._clock = clock
+        self._cache: OrderedDict[str, tuple[float, Caller | Unauthenticated]] = OrderedDict()
+
+    async def authenticate(self, headers: Mapping[str, str]) -> Caller:
+        token = caller_token(headers)
+        key = token_hash(token)
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] > self._clock():
+            if isinstance(hit[1], Unauthenticated):
+                raise Unauthenticated(hit[1].detail, hit[1].reason)
+            return hit[1]
+        info = await self._vault.lookup_token(token)
+        try:
+            if info is None:
+                raise Unauthenticated("caller token is not valid in Vault", Reason.UNKNOWN_CALLER)
+            caller = identify(info, self._policies, self._admin_policy)
+        except Unauthenticated as exc:
+            self._remember(key, exc, NEGATIVE_TTL)
+            raise
+        ttl = self._ttl
+        remaining = info.get("ttl")
+        if isinstance(remaining, int) and remaining > 0:
+            ttl = min(ttl, remaining)
+        self._remember(key, caller, ttl)
+        return caller
+
+    def _remember(self, key: str, value: Caller | Unauthenticated, ttl: float) -> None:
+        self._cache[key] = (self._clock() + ttl, value)
+        self._cache.move_to_end(key)
+        while len(self._cache) > CACHE_SIZE:
+            self._cache.popitem(last=False)

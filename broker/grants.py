@@ -1,0 +1,115 @@
+"""Checking a run request (grants + TTL) against policy; every refusal has a stable code.
+
+Grants for the same upstream share one token (one audience, one placeholder variable): the token's
+``grants`` claim lists each (purpose, params) granted for that upstream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from broker.errors import BadRequest, Forbidden, Reason
+from broker.tokens import GrantClaim, params_view
+from policies.model import PolicySet, Runtime
+from policies.templates import value_widens
+from policies.units import parse_duration
+
+MAX_GRANTS = 64
+_REQUEST_KEYS = frozenset({"grants", "ttl"})
+_GRANT_KEYS = frozenset({"upstream", "purpose", "params"})
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    ttl: int
+    by_upstream: Mapping[str, tuple[GrantClaim, ...]]
+
+    def grant_list(self) -> list[dict[str, Any]]:
+        return [
+            {"upstream": up, **g.to_json()} for up, gs in self.by_upstream.items() for g in gs
+        ]
+
+
+def parse_run_request(
+    body: Any, runtime: Runtime, policies: PolicySet, default_ttl: int
+) -> RunRequest:
+    if not isinstance(body, dict):
+        raise BadRequest("body must be a JSON object with grants and ttl")
+    unknown = set(body) - _REQUEST_KEYS
+    if unknown:
+        raise BadRequest(f"unknown fields {sorted(unknown)}; allowed: grants, ttl")
+    grants = body.get("grants")
+    if not isinstance(grants, list) or not grants:
+        raise BadRequest("grants must be a non-empty list")
+    if len(grants) > min(runtime.max_grants, MAX_GRANTS):
+        raise BadRequest(
+            f"{len(grants)} grants requested; runtime {runtime.name} may have at most "
+            f"{runtime.max_grants}", Reason.TOO_MANY_GRANTS,
+        )
+    ttl = _ttl(body.get("ttl"), runtime, default_ttl)
+    by_upstream: dict[str, list[GrantClaim]] = {}
+    for index, grant in enumerate(grants):
+        upstream, claim = _grant(index, grant, runtime, policies)
+        existing = by_upstream.setdefault(upstream, [])
+        if claim in existing:
+            raise BadRequest(f"grants[{index}] repeats an earlier grant", Reason.DUPLICATE_GRANT)
+        existing.append(claim)
+    return RunRequest(ttl=ttl, by_upstream={k: tuple(v) for k, v in by_upstream.items()})
+
+
+def _ttl(raw: Any, runtime: Runtime, default_ttl: int) -> int:
+    try:
+        ttl = default_ttl if raw is None else parse_duration(raw)
+    except ValueError as exc:
+        raise BadRequest(f"ttl: {exc}") from None
+    if ttl > runtime.max_ttl:
+        raise BadRequest(
+            f"ttl {ttl}s exceeds runtime {runtime.name}'s maximum of {runtime.max_ttl}s",
+            Reason.TTL_TOO_LONG,
+        )
+    return ttl
+
+
+def _grant(index: int, grant: Any, runtime: Runtime, policies: PolicySet) -> tuple[str, GrantClaim]:
+    where = f"grants[{index}]"
+    if not isinstance(grant, dict) or set(grant) - _GRANT_KEYS:
+        raise BadRequest(f"{where} must be an object with upstream, purpose and params")
+    upstream_name, purpose_name = grant.get("upstream"), grant.get("purpose")
+    params = grant.get("params", {})
+    if not isinstance(upstream_name, str) or not isinstance(purpose_name, str):
+        raise BadRequest(f"{where}: upstream and purpose must be strings")
+    if not isinstance(params, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in params.items()
+    ):
+        raise BadRequest(f"{where}: params must map names to strings")
+    upstream = policies.upstreams.get(upstream_name)
+    if upstream is None:
+        raise BadRequest(f"{where}: no gateway serves {upstream_name!r}", Reason.UNKNOWN_AUDIENCE)
+    purpose = upstream.purposes.get(purpose_name)
+    if purpose is None:
+        raise BadRequest(
+            f"{where}: upstream {upstream_name} has no purpose {purpose_name!r}",
+            Reason.UNKNOWN_PURPOSE,
+        )
+    if not runtime.may_grant(upstream_name, purpose_name):
+        raise Forbidden(
+            f"{where}: runtime {runtime.name} may not be granted {upstream_name}/{purpose_name}",
+            Reason.PURPOSE_NOT_ALLOWED,
+        )
+    missing = sorted(set(purpose.params) - set(params))
+    if missing:
+        raise BadRequest(f"{where}: purpose {purpose_name} requires params {missing}",
+                         Reason.MISSING_PARAM)
+    extra = sorted(set(params) - set(purpose.params))
+    if extra:
+        raise BadRequest(f"{where}: purpose {purpose_name} does not take params {extra}",
+                         Reason.EXTRA_PARAM)
+    for name, value in params.items():
+        if value_widens(value):
+            raise BadRequest(
+                f"{where}: param {name} must be one path segment of [A-Za-z0-9._~@+-], "
+                "not '.' or '..'", Reason.PARAM_WIDENS_TEMPLATE,
+            )
+    return upstream_name, GrantClaim(purpose_name, params_view(dict(sorted(params.items()))))

@@ -1,0 +1,108 @@
+"""The run registry in Redis: one JSON record per run, expiring with the run.
+
+An ended run keeps its record (state ``ended``) until its expiry so that verification can say
+"ended" rather than "unknown"; both deny. Redis errors become ``Unavailable(redis_unavailable)``
+so every caller fails closed.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from broker.errors import NotFound, Reason, TokenInvalid, Unavailable
+from broker.tokens import AccessClaims
+
+KEY_PREFIX = "valetkey:run:"
+ACTIVE = "active"
+ENDED = "ended"
+T = TypeVar("T")
+
+
+def new_run_id() -> str:
+    return "run_" + secrets.token_urlsafe(16)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    run_id: str
+    runtime: str
+    grants: list[dict[str, Any]]
+    created: int
+    expires: int
+    state: str = ACTIVE
+    ended_at: int | None = None
+    ended_by: str | None = None
+    audiences: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunRecord:
+        return cls(**data)
+
+
+async def _redis(call: Callable[[], Awaitable[T]]) -> T:
+    try:
+        return await call()
+    except (RedisError, OSError) as exc:
+        raise Unavailable(
+            f"redis unavailable: {type(exc).__name__}", Reason.REDIS_UNAVAILABLE
+        ) from None
+
+
+class RunRegistry:
+    def __init__(self, client: aioredis.Redis, clock: Callable[[], float] = time.time) -> None:
+        self._redis = client
+        self._clock = clock
+
+    async def create(self, record: RunRecord) -> None:
+        ttl = max(1, record.expires - int(self._clock()))
+        payload = json.dumps(record.to_json())
+        await _redis(lambda: self._redis.set(KEY_PREFIX + record.run_id, payload, ex=ttl, nx=True))
+
+    async def get(self, run_id: str) -> RunRecord | None:
+        raw = await _redis(lambda: self._redis.get(KEY_PREFIX + run_id))
+        if raw is None:
+            return None
+        try:
+            return RunRecord.from_json(json.loads(raw))
+        except (ValueError, TypeError):
+            return None  # an unreadable record is treated as absent: deny
+
+    async def end(self, run_id: str, by: str) -> RunRecord:
+        """Mark a run ended (idempotent); its tokens stop verifying at once."""
+        record = await self.get(run_id)
+        if record is None:
+            raise NotFound("no such run")
+        if record.state == ENDED:
+            return record
+        ended = RunRecord(**{**record.to_json(), "state": ENDED,
+                             "ended_at": int(self._clock()), "ended_by": by})
+        key = KEY_PREFIX + run_id
+        await _redis(lambda: self._redis.set(key, json.dumps(ended.to_json()), keepttl=True))
+        return ended
+
+    async def require_live(self, claims: AccessClaims) -> None:
+        """The run check for token verification: the run exists, is active, and matches."""
+        record = await self.get(claims.sub)
+        if record is None:
+            raise TokenInvalid("token rejected: run is unknown or expired", check="run")
+        if record.state != ACTIVE:
+            raise TokenInvalid("token rejected: run has ended", check="run")
+        if record.runtime != claims.client_id:
+            raise TokenInvalid("token rejected: run belongs to another runtime", check="run")
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await _redis(lambda: self._redis.ping()))
+        except Unavailable:
+            return False

@@ -1,0 +1,48 @@
+"""Run an ASGI app under a real uvicorn server on a free loopback port, in a thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import TracebackType
+from typing import Any
+
+import uvicorn
+
+from broker.localstack import free_port
+
+
+class ThreadedServer:
+    def __init__(self, app: Any, port: int | None = None) -> None:
+        self.port = port or free_port()
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
+            access_log=False,
+        )
+        self.server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> ThreadedServer:
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"server on port {self.port} did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout=10)
+
+    def __enter__(self) -> ThreadedServer:
+        return self.start()
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
