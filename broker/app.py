@@ -60,7 +60,9 @@ class Services:
         return cls(
             settings=settings, policies=policies, vault=vault, redis=client,
             runs=RunRegistry(client),
-            signer=TransitSigner(vault, settings.transit_mount, settings.signing_key),
+            signer=TransitSigner(
+                vault, settings.transit_mount, settings.signing_key, settings.key_cache_ttl
+            ),
             callers=CallerAuthenticator(
                 vault, policies, settings.admin_policy, settings.caller_cache_ttl
             ),

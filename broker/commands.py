@@ -83,7 +83,7 @@ def parse_grant(text: str) -> dict[str, Any]:
 
 
 BROKER_OPTION = click.option(
-    "--broker", envvar="VALETKEY_BROKER_URL", default="http://127.0.0.1:8200", show_default=True
+    "--broker", envvar="VALETKEY_BROKER_URL", default="http://127.0.0.1:8400", show_default=True
 )
 
 
@@ -188,8 +188,7 @@ def keys_retire(mount: str, key_name: str, below: int) -> None:
     client = _hvac()
     try:
         client.secrets.transit.update_key_configuration(
-            name=key_name, mount_point=mount, min_decryption_version=below,
-            min_encryption_version=below,
+            name=key_name, mount_point=mount, min_decryption_version=below
         )
         _print_key(client, mount, key_name)
     except (hvac.exceptions.VaultError, requests.RequestException) as exc:

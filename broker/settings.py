@@ -28,12 +28,13 @@ class BrokerSettings:
     policy_dir: Path
     issuer: str
     host: str = "127.0.0.1"
-    port: int = 8200
+    port: int = 8400
     admin_policy: str = "valetkey-admin"
     transit_mount: str = "transit"
     signing_key: str = "valetkey-tokens"
     default_ttl: int = 900
     caller_cache_ttl: int = 30
+    key_cache_ttl: int = 10
     gateway_urls: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     gateway_url_template: str = "http://valetkey-gateway-{upstream}:8080"
 
@@ -43,7 +44,7 @@ class BrokerSettings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> BrokerSettings:
         env = os.environ if env is None else env
-        listen = env.get("VALETKEY_LISTEN", "127.0.0.1:8200")
+        listen = env.get("VALETKEY_LISTEN", "127.0.0.1:8400")
         host, _, port = listen.rpartition(":")
         issuer = env.get("VALETKEY_ISSUER", f"http://{listen}")
         return cls(
@@ -59,6 +60,7 @@ class BrokerSettings:
             signing_key=env.get("VALETKEY_SIGNING_KEY", "valetkey-tokens"),
             default_ttl=_duration(env, "VALETKEY_DEFAULT_TTL", "15m"),
             caller_cache_ttl=_duration(env, "VALETKEY_CALLER_CACHE_TTL", "30s"),
+            key_cache_ttl=_duration(env, "VALETKEY_KEY_CACHE_TTL", "10s"),
             gateway_urls=MappingProxyType(_gateway_urls(env.get("VALETKEY_GATEWAY_URLS", ""))),
             gateway_url_template=env.get(
                 "VALETKEY_GATEWAY_URL_TEMPLATE", "http://valetkey-gateway-{upstream}:8080"

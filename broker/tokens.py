@@ -26,7 +26,6 @@ ALGORITHM = "Ed25519"  # RFC 9864 fully-specified name (EdDSA is deprecated ther
 TOKEN_TYPE = "at+jwt"  # noqa: S105 - the JWT typ header value
 MAX_TOKEN_BYTES = 4096
 REQUIRED_CLAIMS = ("iss", "sub", "aud", "exp", "nbf", "iat", "jti", "client_id", "grants")
-KEY_METADATA_TTL = 10.0
 
 
 @dataclass(frozen=True)
@@ -88,14 +87,15 @@ def params_view(params: Mapping[str, str]) -> Mapping[str, str]:
 class TransitSigner:
     """Signs JWTs with the latest live version of a transit Ed25519 key.
 
-    The key's metadata (latest version) is cached for ``KEY_METADATA_TTL`` seconds: the version
-    must be known before signing because ``kid`` is part of the signed header.
+    The key's metadata (latest version) is cached for ``cache_ttl`` seconds: the version must be
+    known before signing because ``kid`` is part of the signed header.
     """
 
     def __init__(
-        self, vault: VaultClient, mount: str, key: str,
+        self, vault: VaultClient, mount: str, key: str, cache_ttl: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._cache_ttl = cache_ttl
         self._vault = vault
         self._mount = mount
         self._key = key
@@ -106,7 +106,7 @@ class TransitSigner:
 
     async def key(self, *, refresh: bool = False) -> TransitKey:
         async with self._lock:
-            fresh = self._meta is not None and self._clock() - self._meta_at < KEY_METADATA_TTL
+            fresh = self._meta is not None and self._clock() - self._meta_at < self._cache_ttl
             if refresh or not fresh or self._meta is None:
                 self._meta = await self._vault.transit_key(self._mount, self._key)
                 self._meta_at = self._clock()

@@ -1,6 +1,6 @@
 """The valetkey policy language: versioned YAML validated completely at load."""
 
-from policies.load import Problem, PolicyLoadError, load_policy_dir
+from policies.load import PolicyLoadError, Problem, load_policy_dir
 from policies.model import PolicySet, Purpose, Runtime, Upstream
 
 __all__ = [

@@ -10,7 +10,6 @@ import re
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from policies import units
 from policies.model import (
@@ -25,6 +24,7 @@ from policies.model import (
     SecretRef,
     Upstream,
 )
+from policies.origins import Origin, OriginError, parse_origin
 from policies.templates import PathTemplate, TemplateError
 
 if TYPE_CHECKING:
@@ -34,7 +34,16 @@ NAME = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
 PURPOSE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 HEADER_NAME = re.compile(r"^[A-Za-z0-9-]+$")
+# Headers that steer framing, routing or other credentials can never be an injection target.
+RESERVED_HEADERS = re.compile(
+    r"^(host|content-length|transfer-encoding|connection|keep-alive|te|trailer|upgrade|"
+    r"proxy-.*|cookie|forwarded|x-forwarded-.*|x-original-url|x-rewrite-url)$", re.IGNORECASE)
+# Variables the sandbox's own tooling reads: a placeholder must never shadow them.
+RESERVED_ENV = re.compile(r"^(PATH|HOME|SHELL|USER|PWD|LD_.*|PYTHON.*|.*_PROXY|VALETKEY_.*)$")
+MAX_RUN_TTL = 24 * 3600  # the verifier refuses longer token lifetimes
 KV_PATH = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
+BASE_PATH = re.compile(r"^(/[A-Za-z0-9._-]+)+$")
+QUERY_PARAM = re.compile(r"^[A-Za-z0-9_.-]+$")
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 NEVER_METHODS = frozenset({"TRACE", "TRACK", "CONNECT"})
 MAX_GRANTS_CEILING = 64
@@ -52,10 +61,13 @@ class Report:
         self.problems.append(Problem(self.file, rule, message, fix))
 
 
-def _keys(doc: dict[str, Any], rule: str, required: set[str], optional: set[str], r: Report) -> bool:
+def _keys(
+    doc: dict[str, Any], rule: str, required: set[str], optional: set[str], r: Report
+) -> bool:
     ok = True
+    allowed = sorted(required | optional)
     for key in sorted(set(doc) - required - optional, key=str):
-        r.add(rule, f"unknown key {key!r}", f"remove it; allowed keys: {sorted(required | optional)}")
+        r.add(rule, f"unknown key {key!r}", f"remove it; allowed keys: {allowed}")
         ok = False
     for key in sorted(required - set(doc)):
         r.add(rule, f"missing key {key!r}", f"add `{key}:`")
@@ -80,14 +92,30 @@ def _string(value: Any, rule: str, r: Report, pattern: re.Pattern[str] | None = 
     return value
 
 
+def _has_dot_segment(path: str) -> bool:
+    return any(segment in (".", "..") for segment in path.split("/"))
+
+
+def _label(kind: str, doc: dict[str, Any]) -> str:
+    name = doc.get("name")
+    return f"{kind} {name if isinstance(name, str) else '?'}"
+
+
+def _description(doc: dict[str, Any], rule: str, r: Report) -> bool:
+    if "description" not in doc:
+        return True
+    return _string(doc["description"], f"{rule} description", r) is not None
+
+
 def upstream(doc: dict[str, Any], r: Report) -> Upstream | None:
-    name = _string(doc.get("name"), "upstream name", r, NAME)
-    rule = f"upstream {name or '?'}"
-    if not _keys(
+    rule = _label("upstream", doc)
+    known = _keys(
         doc, rule,
         {"version", "kind", "name", "base_url", "secret", "inject", "env", "purposes"},
         {"allow_private", "description"}, r,
-    ) or name is None:
+    )
+    name = _string(doc["name"], f"{rule} name", r, NAME) if "name" in doc else None
+    if not known or name is None or not _description(doc, rule, r):
         return None
     url = _base_url(doc["base_url"], f"{rule} base_url", r)
     secret = _secret(doc["secret"], f"{rule} secret", r)
@@ -100,45 +128,22 @@ def upstream(doc: dict[str, Any], r: Report) -> Upstream | None:
         return None
     if url is None or secret is None or injection is None or env is None or purposes is None:
         return None
-    scheme, host, port, base = url
     return Upstream(
-        name=name, base_url=base, scheme=scheme, host=host, port=port, secret=secret,
+        name=name, base_url=url.url, scheme=url.scheme, host=url.host, port=url.port, secret=secret,
         injection=injection, env=env, purposes=MappingProxyType(purposes),
         allow_private=allow_private, source=r.file,
     )
 
 
-def _base_url(value: Any, rule: str, r: Report) -> tuple[str, str, int, str] | None:
+def _base_url(value: Any, rule: str, r: Report) -> Origin | None:
     raw = _string(value, rule, r)
     if raw is None:
         return None
-    fix = "write an origin such as https://api.example.com (path prefixes go in env.base_path)"
     try:
-        parts = urlsplit(raw)
-        port = parts.port
-    except ValueError as exc:
-        r.add(rule, f"{raw!r} is not a URL ({exc})", fix)
+        return parse_origin(raw)
+    except OriginError as exc:
+        r.add(rule, exc.message, exc.fix)
         return None
-    if parts.scheme not in ("http", "https"):
-        r.add(rule, f"scheme {parts.scheme!r} is not http or https", fix)
-    elif parts.username is not None or parts.password is not None or "@" in parts.netloc:
-        r.add(rule, "URL carries userinfo (user:password@)", "remove it; secrets come from Vault")
-    elif parts.fragment or "#" in raw:
-        r.add(rule, "URL has a fragment", fix)
-    elif parts.query or "?" in raw:
-        r.add(rule, "URL has a query", fix)
-    elif parts.path not in ("", "/"):
-        r.add(rule, f"URL has a path {parts.path!r}", fix)
-    elif not parts.hostname or "*" in parts.hostname:
-        r.add(rule, "URL must name exactly one host", fix)
-    else:
-        host = parts.hostname
-        port = port or (443 if parts.scheme == "https" else 80)
-        shown = f"[{host}]" if ":" in host else host
-        default = (parts.scheme == "https" and port == 443) or (parts.scheme == "http" and port == 80)
-        base = f"{parts.scheme}://{shown}" + ("" if default else f":{port}")
-        return parts.scheme, host, port, base
-    return None
 
 
 def _secret(value: Any, rule: str, r: Report) -> SecretRef | None:
@@ -149,6 +154,9 @@ def _secret(value: Any, rule: str, r: Report) -> SecretRef | None:
     path = _string(doc["path"], f"{rule} path", r, KV_PATH)
     field = _string(doc["field"], f"{rule} field", r)
     if mount is None or path is None or field is None:
+        return None
+    if _has_dot_segment(mount) or _has_dot_segment(path):
+        r.add(rule, "'.' or '..' segment in mount or path", "name the secret's path directly")
         return None
     return SecretRef(mount=mount, path=path, field=field)
 
@@ -162,11 +170,11 @@ def _injection(value: Any, rule: str, r: Report) -> Injection | None:
             return None
         header = _string(doc["header"], f"{rule} header", r, HEADER_NAME)
         fmt = _string(doc.get("format", "{secret}"), f"{rule} format", r)
-        if header is None or fmt is None:
+        if header is not None and RESERVED_HEADERS.fullmatch(header):
+            r.add(f"{rule} header", f"{header!r} is a framing, routing or cookie header",
+                  "inject into the upstream's credential header, e.g. Authorization")
             return None
-        if fmt.count("{secret}") != 1 or fmt.replace("{secret}", "").count("{") > 0:
-            r.add(f"{rule} format", f"{fmt!r} must contain {{secret}} exactly once",
-                  "write e.g. 'Bearer {secret}'")
+        if header is None or fmt is None or not _format_ok(fmt, f"{rule} format", r):
             return None
         return Injection(Placement.HEADER, header=header, format=fmt)
     if "basic" in doc:
@@ -176,17 +184,33 @@ def _injection(value: Any, rule: str, r: Report) -> Injection | None:
         if basic is None or not _keys(basic, f"{rule} basic", {"username"}, set(), r):
             return None
         user = _string(basic["username"], f"{rule} basic username", r)
-        if user is None or ":" in user:
-            r.add(f"{rule} basic username", "must be non-empty and free of ':'", "fix the username")
+        if user is None:
+            return None
+        if ":" in user or not (user.isascii() and user.isprintable()):
+            r.add(f"{rule} basic username", f"{user!r} contains ':' or a control character",
+                  "fix the username")
             return None
         return Injection(Placement.BASIC, username=user)
     if "query" in doc:
         if not _keys(doc, rule, {"query"}, set(), r):
             return None
-        param = _string(doc["query"], f"{rule} query", r, re.compile(r"^[A-Za-z0-9_.-]+$"))
+        param = _string(doc["query"], f"{rule} query", r, QUERY_PARAM)
         return None if param is None else Injection(Placement.QUERY, param=param)
     r.add(rule, "no placement", "give exactly one of `header:`, `basic:` or `query:`")
     return None
+
+
+def _format_ok(fmt: str, rule: str, r: Report) -> bool:
+    if fmt.count("{secret}") != 1:
+        r.add(rule, f"{fmt!r} must contain {{secret}} exactly once", "write e.g. 'Bearer {secret}'")
+        return False
+    rest = fmt.replace("{secret}", "")
+    # A stray brace breaks str.format; CR/LF would let the value start a new header line.
+    if "{" in rest or "}" in rest or not (fmt.isascii() and fmt.isprintable()):
+        r.add(rule, f"{fmt!r} has a stray brace or a non-printable character",
+              "write printable ASCII around one {secret}, e.g. 'Bearer {secret}'")
+        return False
+    return True
 
 
 def _env(value: Any, rule: str, r: Report) -> SandboxEnv | None:
@@ -196,11 +220,18 @@ def _env(value: Any, rule: str, r: Report) -> SandboxEnv | None:
     placeholder = _string(doc["placeholder"], f"{rule} placeholder", r, ENV_NAME)
     base_url = _string(doc["base_url"], f"{rule} base_url", r, ENV_NAME)
     base_path = doc.get("base_path", "")
-    if base_path and (not isinstance(base_path, str) or not re.fullmatch(r"(/[A-Za-z0-9._-]+)+", base_path)):
+    if not isinstance(base_path, str) or (base_path and (
+        not BASE_PATH.fullmatch(base_path) or _has_dot_segment(base_path)
+    )):
         r.add(f"{rule} base_path", f"{base_path!r} is not a path like /v1", "write e.g. `/v1`")
         return None
     if placeholder is None or base_url is None:
         return None
+    for var in (placeholder, base_url):
+        if RESERVED_ENV.fullmatch(var.upper()):
+            r.add(rule, f"{var} is a variable the sandbox's tools rely on",
+                  "name the upstream's own variable, e.g. OPENAI_API_KEY")
+            return None
     if placeholder == base_url:
         r.add(rule, "placeholder and base_url name the same variable", "use two names")
         return None
@@ -231,7 +262,7 @@ def _purpose(name: str, value: Any, rule: str, r: Report) -> Purpose | None:
     if doc is None or not _keys(doc, rule, {"why", "methods", "paths"}, {"params", "limits"}, r):
         return None
     why = doc["why"]
-    if not isinstance(why, str) or not why.strip() or "\n" in why.strip():
+    if not isinstance(why, str) or len(why.strip().splitlines()) != 1:
         r.add(f"{rule} why", "needs a one-line reason", "write one sentence saying why it exists")
         return None
     methods = doc["methods"]
@@ -258,7 +289,8 @@ def _purpose(name: str, value: Any, rule: str, r: Report) -> Purpose | None:
         r.add(f"{rule} params", "expected a list of parameter names", "e.g. `[owner, repo]`")
         return None
     known = {p for t in paths for p in t.params}
-    for p in params:
+    # Only when every template parsed: a broken one would make its parameters look unknown.
+    for p in params if len(paths) == len(paths_raw) else []:
         if p not in known:
             r.add(f"{rule} params", f"{p!r} appears in no path template", "remove it or use it")
     limits = _limits(doc.get("limits", {}), f"{rule} limits", r)
@@ -272,20 +304,30 @@ def _limits(value: Any, rule: str, r: Report) -> Limits | None:
     doc = _mapping(value, rule, r)
     if doc is None or not _keys(doc, rule, set(), {"max_body", "rate"}, r):
         return None
-    try:
-        max_body = units.parse_size(doc["max_body"]) if "max_body" in doc else None
-        rate = Rate(*units.parse_rate(doc["rate"])) if "rate" in doc else None
-    except ValueError as exc:
-        r.add(rule, str(exc), "write max_body like 64KiB and rate like '3 per 10m'")
-        return None
-    return Limits(max_body=max_body, rate=rate)
+    max_body: int | None = None
+    rate: Rate | None = None
+    ok = True
+    if "max_body" in doc:
+        try:
+            max_body = units.parse_size(doc["max_body"])
+        except ValueError as exc:
+            r.add(f"{rule} max_body", str(exc), "write e.g. `max_body: 64KiB`")
+            ok = False
+    if "rate" in doc:
+        try:
+            rate = Rate(*units.parse_rate(doc["rate"]))
+        except ValueError as exc:
+            r.add(f"{rule} rate", str(exc), "write e.g. `rate: '3 per 10m'`")
+            ok = False
+    return Limits(max_body=max_body, rate=rate) if ok else None
 
 
 def runtime(doc: dict[str, Any], r: Report) -> Runtime | None:
-    name = _string(doc.get("name"), "runtime name", r, NAME)
-    rule = f"runtime {name or '?'}"
-    if not _keys(doc, rule, {"version", "kind", "name", "identity", "allow"},
-                 {"max_ttl", "max_grants", "description"}, r) or name is None:
+    rule = _label("runtime", doc)
+    known = _keys(doc, rule, {"version", "kind", "name", "identity", "allow"},
+                  {"max_ttl", "max_grants", "description"}, r)
+    name = _string(doc["name"], f"{rule} name", r, NAME) if "name" in doc else None
+    if not known or name is None or not _description(doc, rule, r):
         return None
     ident = _mapping(doc["identity"], f"{rule} identity", r)
     identity = None
@@ -303,6 +345,10 @@ def runtime(doc: dict[str, Any], r: Report) -> Runtime | None:
         max_ttl = units.parse_duration(doc.get("max_ttl", "1h"))
     except ValueError as exc:
         r.add(f"{rule} max_ttl", str(exc), "write e.g. `max_ttl: 1h`")
+        return None
+    if max_ttl > MAX_RUN_TTL:
+        r.add(f"{rule} max_ttl", f"{max_ttl}s is over the {MAX_RUN_TTL}s ceiling",
+              "runs are short-lived: write at most `max_ttl: 24h`")
         return None
     max_grants = doc.get("max_grants", DEFAULT_MAX_GRANTS)
     if not isinstance(max_grants, int) or isinstance(max_grants, bool) or not (
@@ -336,7 +382,7 @@ def _allow(value: Any, rule: str, r: Report) -> dict[str, frozenset[str]] | None
 def cross_references(
     upstreams: dict[str, Upstream], runtimes: dict[str, Runtime], problems: list[Problem]
 ) -> None:
-    """Runtimes name only existing upstreams and purposes; identities and env vars do not collide."""
+    """Runtimes name only existing upstreams and purposes; identities and env vars are unique."""
     seen_identity: dict[Identity, str] = {}
     for rt in runtimes.values():
         r = Report(rt.source, problems)

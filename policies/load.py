@@ -43,7 +43,13 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict
     mapping: dict[Any, Any] = {}
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node)
-        if key in mapping:
+        try:
+            duplicate = key in mapping
+        except TypeError as exc:  # a list or mapping used as a key: `? [a, b]`
+            raise yaml.constructor.ConstructorError(
+                None, None, f"unhashable key ({exc})", key_node.start_mark
+            ) from exc
+        if duplicate:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r}", key_node.start_mark
             )
@@ -53,7 +59,7 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict
 
 _UniqueKeyLoader.add_constructor(
     yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-    _construct_mapping,  # type: ignore[arg-type]
+    _construct_mapping,
 )
 
 
@@ -83,10 +89,7 @@ def load_policy_files(files: list[Path]) -> PolicySet:
             if not isinstance(doc, dict):
                 report.add(where, "is not a mapping", "write `version: 1` and `kind: ...` keys")
                 continue
-            if doc.get("version") != POLICY_VERSION:
-                report.add(
-                    where, f"version is {doc.get('version')!r}", f"set `version: {POLICY_VERSION}`"
-                )
+            if not _version_ok(doc, where, report):
                 continue
             if kind == "upstream":
                 upstream = checks.upstream(doc, report)
@@ -97,12 +100,27 @@ def load_policy_files(files: list[Path]) -> PolicySet:
                 if runtime is not None:
                     _add_unique(runtimes, runtime.name, runtime, "runtime", report)
             else:
-                report.add(where, f"kind is {kind!r}", "set `kind: upstream` or `kind: runtime`")
+                report.add(
+                    f"{where} kind", f"kind is {kind!r}", "set `kind: upstream` or `kind: runtime`"
+                )
     if not problems:
         checks.cross_references(upstreams, runtimes, problems)
     if problems:
         raise PolicyLoadError(problems)
     return PolicySet(upstreams=MappingProxyType(upstreams), runtimes=MappingProxyType(runtimes))
+
+
+def _version_ok(doc: dict[Any, Any], where: str, report: checks.Report) -> bool:
+    fix = f"set `version: {POLICY_VERSION}`"
+    if "version" not in doc:
+        report.add(f"{where} version", "missing key 'version'", fix)
+        return False
+    version = doc["version"]
+    # `version: true` and `version: 1.0` compare equal to 1 in Python; only the integer is valid.
+    if type(version) is not int or version != POLICY_VERSION:
+        report.add(f"{where} version", f"version is {version!r}, expected {POLICY_VERSION}", fix)
+        return False
+    return True
 
 
 def _add_unique(
@@ -121,12 +139,25 @@ def _add_unique(
 def _documents(path: Path, problems: list[Problem]) -> list[tuple[int, Any]]:
     try:
         text = path.read_text(encoding="utf-8")
-        docs = list(yaml.load_all(text, Loader=_UniqueKeyLoader))  # noqa: S506 - safe subclass
+        docs = list(yaml.load_all(text, Loader=_UniqueKeyLoader))
     except (OSError, UnicodeDecodeError) as exc:
         problems.append(Problem(str(path), "file", f"cannot be read: {exc}", "check the file"))
         return []
-    except yaml.YAMLError as exc:
-        message = str(exc).replace("\n", " ")
-        problems.append(Problem(str(path), "yaml", message, "fix the YAML syntax"))
+    except (yaml.YAMLError, ValueError) as exc:  # ValueError: int() refuses a 5,000-digit number
+        problems.append(Problem(str(path), "yaml", _yaml_message(exc), "fix the YAML syntax"))
+        return []
+    except RecursionError:
+        problems.append(
+            Problem(str(path), "yaml", "nested too deeply", "flatten the YAML structure")
+        )
         return []
     return [(i, d) for i, d in enumerate(docs) if d is not None]
+
+
+def _yaml_message(exc: Exception) -> str:
+    """``line 4, column 1: duplicate key 'name'`` rather than PyYAML's multi-line rendering."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        context = f"{exc.context}: " if exc.context else ""
+        return f"line {mark.line + 1}, column {mark.column + 1}: {context}{exc.problem}"
+    return str(exc).replace("\n", " ")

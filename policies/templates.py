@@ -8,8 +8,8 @@ template: it is one segment from a small safe alphabet, never ``.``/``..``, neve
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 PARAM_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
 SAFE_LITERAL = re.compile(r"^[A-Za-z0-9._~@:+=,!$-]+$")
@@ -25,6 +25,10 @@ class TemplateError(ValueError):
 def value_widens(value: str) -> bool:
     """True when a bound value could match more than one literal segment."""
     return not SAFE_VALUE.fullmatch(value) or value in (".", "..")
+
+
+def _one_segment(value: str) -> bool:
+    return value not in ("", ".", "..") and "/" not in value
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,9 @@ class PathTemplate:
                     "a parameter must be a whole segment"
                 )
             elif part and not SAFE_LITERAL.fullmatch(part):
-                raise TemplateError(f"segment {part!r} of {raw!r} has characters outside [A-Za-z0-9._~@:+=,!$-]")
+                raise TemplateError(
+                    f"segment {part!r} of {raw!r} has characters outside [A-Za-z0-9._~@:+=,!$-]"
+                )
             else:
                 segments.append(part)
         if not any(s for s in segments):
@@ -81,7 +87,11 @@ class PathTemplate:
         return cls(raw=raw, segments=tuple(segments), names=tuple(names))
 
     def matches(self, segments: tuple[str, ...], bound: Mapping[str, str]) -> bool:
-        """Match already-normalised, decoded path segments with ``bound`` substituted."""
+        """Match already-normalised, decoded path segments with ``bound`` substituted.
+
+        Fails closed: a bound value that could widen the template never matches, and an unbound
+        parameter never matches an empty, ``.``/``..`` or slash-carrying (decoded ``%2F``) segment.
+        """
         if len(segments) != len(self.segments):
             return False
         names = iter(self.names)
@@ -89,9 +99,9 @@ class PathTemplate:
             if want is None:
                 name = next(names)
                 if name in bound:
-                    if got != bound[name]:
+                    if value_widens(bound[name]) or got != bound[name]:
                         return False
-                elif not got:
+                elif not _one_segment(got):
                     return False
             elif want != got:
                 return False

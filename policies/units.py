@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import re
 
-_DURATION = re.compile(r"^\s*(\d+)\s*(s|m|h|d)?\s*$")
-_SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB)?\s*$")
-_RATE = re.compile(r"^\s*(\d+)\s+per\s+(\d*)\s*(s|m|h|d)\s*$")
+# re.ASCII: without it \d also accepts other scripts' digits (Arabic-Indic '15m' would parse).
+_DURATION = re.compile(r"^\s*(\d+)\s*(s|m|h|d)?\s*$", re.ASCII)
+_SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB)?\s*$", re.ASCII)
+_RATE = re.compile(r"^\s*(\d+)\s+per\s+(\d*)\s*(s|m|h|d)\s*$", re.ASCII)
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 _BYTES = {
     None: 1, "B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3,
