@@ -38,3 +38,57 @@ def policy_check(directory: Path) -> None:
         allowed = {k: sorted(v) for k, v in rt.allow.items()}
         click.echo(f"runtime {rt.name}: max_ttl={rt.max_ttl}s allow={allowed}")
     click.echo(f"ok: {len(policies.upstreams)} upstream(s), {len(policies.runtimes)} runtime(s)")
+
+
+@main.group()
+def vault() -> None:
+    """Set up Vault/OpenBao for valetkey (uses VAULT_ADDR and VAULT_TOKEN)."""
+
+
+@vault.command("bootstrap")
+@click.option(
+    "--policy-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Policy directory [default: $VALETKEY_POLICY_DIR, else the shipped policies].",
+)
+def vault_bootstrap(policy_dir: Path | None) -> None:
+    """Create or check mounts, the signing key, ACL policies and roles; safe to run again."""
+    import os
+
+    import policies as shipped
+    from broker.bootstrap import bootstrap_vault
+    from broker.errors import ValetkeyError
+
+    directory = policy_dir or Path(
+        os.environ.get("VALETKEY_POLICY_DIR") or Path(shipped.__file__).parent
+    )
+    addr = os.environ.get("VAULT_ADDR", "")
+    token = os.environ.get("VAULT_TOKEN", "")
+    if not addr or not token:
+        click.echo("error: set VAULT_ADDR and VAULT_TOKEN (an operator or root token)", err=True)
+        sys.exit(2)
+    try:
+        loaded = load_policy_dir(directory)
+    except PolicyLoadError as exc:
+        for problem in exc.problems:
+            click.echo(f"error: {problem}", err=True)
+        sys.exit(1)
+    try:
+        report = bootstrap_vault(addr, token, loaded)
+    except ValetkeyError as exc:
+        click.echo(f"error: {exc.detail}", err=True)
+        sys.exit(1)
+    click.echo(f"vault {addr}, policies {directory}")
+    for line in report.lines():
+        click.echo(line)
+
+
+def _register() -> None:
+    from broker.commands import COMMANDS
+
+    for command in COMMANDS:
+        main.add_command(command)
+
+
+_register()

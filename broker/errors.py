@@ -6,8 +6,10 @@
     ├── Forbidden                 403  caller known, action not allowed by policy
     ├── NotFound                  404
     ├── PayloadTooLarge           413
-    ├── UpstreamError             502/504  a dependency (Vault, Redis, upstream) failed
+    ├── UpstreamError             502  a dependency (Vault, Redis, upstream) failed
+    ├── GatewayTimeout            504  the upstream did not answer in time
     └── Unavailable               503  fail-closed: state we rely on cannot be confirmed
+        └── ServiceError          503  a local service (OpenBao, redis-server) failed to start
 
 Foreign exceptions (hvac, redis, httpx) are translated where they enter, with
 ``raise ... from exc``; messages never carry a secret or a token.
@@ -44,12 +46,27 @@ class Reason(StrEnum):
     TOO_MANY_GRANTS = "too_many_grants"
     DUPLICATE_GRANT = "duplicate_grant"
     # tokens
-    INVALID_TOKEN = "invalid_token"
+    INVALID_TOKEN = "invalid_token"  # noqa: S105 - a reason code, not a secret
     AUDIENCE_MISMATCH = "audience_mismatch"
     # dependencies
     VAULT_UNAVAILABLE = "vault_unavailable"
     REDIS_UNAVAILABLE = "redis_unavailable"
     SIGNING_FAILED = "signing_failed"
+    # gateway: request framing and target
+    ABSOLUTE_FORM_TARGET = "absolute_form_target"
+    AMBIGUOUS_FRAMING = "ambiguous_framing"
+    DUPLICATE_HOST = "duplicate_host"
+    MALFORMED_REQUEST = "malformed_request"
+    METHOD_REFUSED = "method_refused"
+    # gateway: credentials and purposes
+    MISSING_TOKEN = "missing_token"  # noqa: S105 - a reason code, not a secret
+    PURPOSE_NOT_GRANTED = "purpose_not_granted"
+    # gateway: secrets and upstream
+    SECRET_UNAVAILABLE = "secret_unavailable"  # noqa: S105 - a reason code, not a secret
+    UPSTREAM_CONNECT_TIMEOUT = "upstream_connect_timeout"
+    UPSTREAM_TIMEOUT = "upstream_timeout"
+    UPSTREAM_UNREACHABLE = "upstream_unreachable"
+    UPSTREAM_PROTOCOL_ERROR = "upstream_protocol_error"
 
 
 class ValetkeyError(Exception):
@@ -63,6 +80,7 @@ class ValetkeyError(Exception):
         self.detail = detail
         self.reason = reason or self.default_reason
         self.extra = extra
+        self.headers: dict[str, str] = {}  # extra response headers, e.g. WWW-Authenticate
 
     @property
     def code(self) -> str:
@@ -105,6 +123,11 @@ class UpstreamError(ValetkeyError):
     default_reason = Reason.VAULT_UNAVAILABLE
 
 
+class GatewayTimeout(ValetkeyError):
+    status = 504
+    default_reason = Reason.UPSTREAM_TIMEOUT
+
+
 class Unavailable(ValetkeyError):
     status = 503
     default_reason = Reason.VAULT_UNAVAILABLE
@@ -118,3 +141,7 @@ class TokenInvalid(Unauthenticated):
     def __init__(self, detail: str, check: str, reason: Reason | None = None) -> None:
         super().__init__(detail, reason)
         self.check = check
+
+
+class ServiceError(Unavailable):
+    """A local service spawned by ``broker.localstack`` is missing, failed to start or stopped."""

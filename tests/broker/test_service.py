@@ -69,13 +69,15 @@ def test_cli_create_show_end(served: tuple[str, Path], bootstrapped_vault: Any) 
     ended = run_cli(bootstrapped_vault, "coding-agent", "end", "--broker", url, run_id)
     assert ended.stdout.strip() == f"run {run_id} ended"
     text = log.read_text()
-    assert "run_created" in text and "run_ended" in text
+    assert "run_created" in text
+    assert "run_ended" in text
     assert lines["GITHUB_TOKEN"] not in text
 
 
 def test_cli_reports_refusal(served: tuple[str, Path], bootstrapped_vault: Any) -> None:
     url, _ = served
-    refused = run_cli(bootstrapped_vault, "notifier", "create", "--broker", url, "--grant", "github:read_repo")
+    refused = run_cli(bootstrapped_vault, "notifier", "create", "--broker", url,
+                      "--grant", "github:read_repo")
     assert refused.returncode == 1
     assert "403 purpose_not_allowed" in refused.stderr
 
