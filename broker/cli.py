@@ -92,3 +92,6 @@ def _register() -> None:
 
 
 _register()
+
+if __name__ == "__main__":
+    main()

@@ -206,4 +206,10 @@ def keys_list(mount: str, key_name: str) -> None:
         fail(f"cannot read key: {type(exc).__name__}")
 
 
-COMMANDS = [broker_group, run_group, keys_group]
+def _commands() -> list[click.Command]:
+    from broker.dev import dev_command
+
+    return [broker_group, run_group, keys_group, dev_command]
+
+
+COMMANDS = _commands()
