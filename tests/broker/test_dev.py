@@ -44,7 +44,8 @@ def test_dev_stack_up_demo_and_clean_stop(tmp_path: Path) -> None:
     try:
         assert "Ctrl-C to stop" in text, text
         assert "demo run run_" in text
-        assert "OPENAI_API_KEY=" in text and "GITHUB_TOKEN=" in text
+        assert "OPENAI_API_KEY=" in text
+        assert "GITHUB_TOKEN=" in text
         ready = httpx.get(f"http://127.0.0.1:{ports[2]}/readyz", timeout=5)
         assert ready.json()["checks"] == {"vault": True, "redis": True}
     finally:
