@@ -208,8 +208,9 @@ def keys_list(mount: str, key_name: str) -> None:
 
 def _commands() -> list[click.Command]:
     from broker.dev import dev_command
+    from gateways.commands import gateway_group
 
-    return [broker_group, run_group, keys_group, dev_command]
+    return [broker_group, run_group, keys_group, dev_command, gateway_group]
 
 
 COMMANDS = _commands()

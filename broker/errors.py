@@ -5,6 +5,7 @@
     ├── Unauthenticated           401  no caller identity, or a token that does not verify
     ├── Forbidden                 403  caller known, action not allowed by policy
     ├── NotFound                  404
+    ├── MethodNotAllowed          405
     ├── PayloadTooLarge           413
     ├── UpstreamError             502  a dependency (Vault, Redis, upstream) failed
     ├── GatewayTimeout            504  the upstream did not answer in time
@@ -25,6 +26,7 @@ class Reason(StrEnum):
     """Stable reason codes: the same string in the response, the audit line and the metric."""
 
     OK = "ok"
+    INTERNAL_ERROR = "internal_error"
     # request shape
     INVALID_REQUEST = "invalid_request"
     BODY_TOO_LARGE = "body_too_large"
@@ -61,12 +63,23 @@ class Reason(StrEnum):
     # gateway: credentials and purposes
     MISSING_TOKEN = "missing_token"  # noqa: S105 - a reason code, not a secret
     PURPOSE_NOT_GRANTED = "purpose_not_granted"
+    CREDENTIAL_PASSTHROUGH = "credential_passthrough"  # gateways/patterns.py
     # gateway: secrets and upstream
     SECRET_UNAVAILABLE = "secret_unavailable"  # noqa: S105 - a reason code, not a secret
     UPSTREAM_CONNECT_TIMEOUT = "upstream_connect_timeout"
     UPSTREAM_TIMEOUT = "upstream_timeout"
     UPSTREAM_UNREACHABLE = "upstream_unreachable"
     UPSTREAM_PROTOCOL_ERROR = "upstream_protocol_error"
+    # gateway: egress guard (gateways/egress.py)
+    DEST_PRIVATE_RANGE = "dest_private_range"
+    DEST_LOOPBACK = "dest_loopback"
+    DEST_LINK_LOCAL = "dest_link_local"
+    DEST_METADATA = "dest_metadata"
+    DEST_RESERVED = "dest_reserved"
+    DEST_UNSPECIFIED = "dest_unspecified"
+    DEST_MULTICAST = "dest_multicast"
+    DEST_INVALID = "dest_invalid"
+    DEST_UNRESOLVABLE = "dest_unresolvable"
 
 
 class ValetkeyError(Exception):
@@ -111,6 +124,11 @@ class Forbidden(ValetkeyError):
 class NotFound(ValetkeyError):
     status = 404
     default_reason = Reason.NOT_FOUND
+
+
+class MethodNotAllowed(ValetkeyError):
+    status = 405
+    default_reason = Reason.METHOD_REFUSED
 
 
 class PayloadTooLarge(ValetkeyError):

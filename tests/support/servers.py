@@ -13,11 +13,11 @@ from broker.localstack import free_port
 
 
 class ThreadedServer:
-    def __init__(self, app: Any, port: int | None = None) -> None:
+    def __init__(self, app: Any, port: int | None = None, http: Any = "h11") -> None:
         self.port = port or free_port()
         config = uvicorn.Config(
             app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
-            access_log=False,
+            access_log=False, http=http,
         )
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self.server.run, daemon=True)

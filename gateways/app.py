@@ -1,0 +1,195 @@
+"""The gateway: one ASGI application per upstream, and everything its pipeline uses.
+
+Start-up (lifespan) logs in to Vault and reads the secret, resolves and pins the upstream
+address, loads the JWKS from the broker: a gateway that cannot do all three does not start.
+After that the request path touches only memory and Redis (run state); Vault and the JWKS are
+refreshed in the background.
+
+Reserved paths under ``/.valetkey/`` (health, readiness, metrics) are answered by the gateway
+itself; no upstream path starts with ``/.valetkey/``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import redis.asyncio as aioredis
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from broker.jwks import KeyCache, http_fetcher
+from broker.runs import RunRegistry
+from broker.secret import Secret
+from broker.vault import VaultClient
+from broker.verify import TokenVerifier
+from gateways.audit import AuditSink, Metrics
+from gateways.egress import PinnedResolver
+from gateways.patterns import CredentialScanner
+from gateways.pipeline import Receive, Send, handle, new_exchange
+from gateways.redact import Redactor
+from gateways.secrets import SecretStore
+from gateways.settings import GatewaySettings
+from gateways.upstream import UpstreamClient
+from policies.model import Injection, Placement, Upstream
+
+RESERVED_PREFIX = "/.valetkey/"
+
+
+def injected_forms(injection: Injection, secret: bytes) -> list[bytes]:
+    """What the injection itself put on the wire (e.g. ``Bearer <secret>``, the Basic value)."""
+    import base64
+
+    if injection.placement is Placement.HEADER:
+        return [injection.format.replace("{secret}", secret.decode("latin-1")).encode("latin-1")]
+    if injection.placement is Placement.BASIC:
+        return [base64.b64encode(injection.username.encode() + b":" + secret)]
+    return []
+
+
+@dataclass
+class Gateway:
+    settings: GatewaySettings
+    upstream: Upstream
+    vault: VaultClient
+    redis: aioredis.Redis
+    secrets: SecretStore
+    resolver: PinnedResolver
+    keys: KeyCache
+    verifier: TokenVerifier
+    client: UpstreamClient
+    audit: AuditSink
+    metrics: Metrics
+    http: httpx.AsyncClient
+    _scanner: tuple[int, CredentialScanner] | None = field(default=None, repr=False)
+    _redactor: tuple[int, Redactor] | None = field(default=None, repr=False)
+
+    @property
+    def realm(self) -> str:
+        return f"valetkey {self.upstream.name}"
+
+    def scanner(self) -> CredentialScanner:
+        """Provider patterns plus the real secrets held (rebuilt only when they rotate)."""
+        if self._scanner is None or self._scanner[0] != self.secrets.version:
+            self._scanner = (self.secrets.version, CredentialScanner(extra_exact=self.secrets.all_values()))
+        return self._scanner[1]
+
+    def redactor(self) -> Redactor:
+        if self._redactor is None or self._redactor[0] != self.secrets.version:
+            values = [s.reveal().encode() for s in self.secrets.all_values()]
+            extra = [f for v in values for f in injected_forms(self.upstream.injection, v)]
+            self._redactor = (self.secrets.version, Redactor(values, extra))
+        return self._redactor[1]
+
+    @classmethod
+    def build(cls, settings: GatewaySettings, upstream: Upstream) -> Gateway:
+        vault = VaultClient(settings.vault_addr, settings.vault_token or Secret(""))
+        redis = aioredis.Redis.from_url(settings.redis_url, socket_timeout=2.0)
+        http = httpx.AsyncClient(timeout=5.0, trust_env=False)
+        keys = KeyCache(http_fetcher(f"{settings.broker_url}/.well-known/jwks.json", http),
+                        max_age=settings.jwks_max_age)
+        metrics = Metrics()
+        return cls(
+            settings=settings, upstream=upstream, vault=vault, redis=redis,
+            secrets=SecretStore(vault, upstream.secret, role_id=settings.approle_role_id,
+                                secret_id=settings.approle_secret_id, refresh=settings.secret_refresh,
+                                max_stale=settings.secret_max_stale),
+            resolver=PinnedResolver(upstream.host, upstream.port, upstream.allow_private),
+            keys=keys,
+            verifier=TokenVerifier(issuer=settings.issuer, audience=upstream.name, keys=keys,
+                                   run_check=RunRegistry(redis).require_live),
+            client=UpstreamClient(upstream, connect=settings.connect_timeout, read=settings.read_timeout),
+            audit=AuditSink(redis, settings.audit_stream, settings.audit_maxlen, metrics),
+            metrics=metrics, http=http,
+        )
+
+    async def start(self) -> None:
+        await self.secrets.start()
+        await self.resolver.start()
+        await self.keys.refresh(force=True)
+        await self.audit.start()
+
+    async def stop(self) -> None:
+        await self.audit.stop()
+        await self.secrets.stop()
+        await self.resolver.stop()
+        await self.client.aclose()
+        await self.http.aclose()
+        await self.vault.aclose()
+        await self.redis.aclose()
+
+
+class GatewayApp:
+    """The ASGI callable: lifespan, reserved endpoints, and the pipeline for everything else."""
+
+    def __init__(self, settings: GatewaySettings, upstream: Upstream) -> None:
+        self.settings = settings
+        self.upstream = upstream
+        self.gateway: Gateway | None = None
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http" or self.gateway is None:
+            return
+        if str(scope.get("path", "")).startswith(RESERVED_PREFIX):
+            await self._reserved(scope, send)
+            return
+        await handle(self.gateway, new_exchange(scope, receive, send, self.upstream.name))
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                gateway = Gateway.build(self.settings, self.upstream)
+                try:
+                    await gateway.start()
+                except Exception as exc:
+                    await gateway.stop()
+                    detail = getattr(exc, "detail", type(exc).__name__)
+                    await send({"type": "lifespan.startup.failed", "message": str(detail)})
+                    return
+                self.gateway = gateway
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self.gateway is not None:
+                    await self.gateway.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _reserved(self, scope: dict[str, Any], send: Send) -> None:
+        gw = self.gateway
+        if gw is None:
+            return
+        path = scope["path"][len(RESERVED_PREFIX):]
+        if path == "metrics":
+            await _reply(send, 200, generate_latest(gw.metrics.registry), CONTENT_TYPE_LATEST)
+            return
+        if path == "healthz":
+            await _reply(send, 200, b'{"status":"ok"}')
+            return
+        if path == "readyz":
+            checks = {"secret": _ok(gw.secrets.current), "egress": _ok(gw.resolver.current),
+                      "jwks": bool(gw.keys.kids)}
+            ok = all(checks.values())
+            body = {"status": "ready" if ok else "not_ready", "upstream": gw.upstream.name, "checks": checks}
+            await _reply(send, 200 if ok else 503, json.dumps(body).encode())
+            return
+        await _reply(send, 404, b'{"error":"not_found","detail":"unknown reserved path"}')
+
+
+def _ok(check: Any) -> bool:
+    try:
+        check()
+    except Exception:
+        return False
+    return True
+
+
+async def _reply(send: Send, status: int, body: bytes, content_type: str = "application/json") -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", content_type.encode()),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,146 @@
+"""One canonical audit line per request, with constant field names, to stdout and a Redis stream,
+plus the Prometheus metrics labelled with the same reason codes.
+
+The line never carries a header value, a body, a token or a secret: the path's query values are
+masked, and only fields built here are written. Writing to Redis happens off the request path
+through a bounded queue; if Redis is slow the oldest pending lines are dropped and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from urllib.parse import parse_qsl, quote
+
+import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from redis.exceptions import RedisError
+
+log = logging.getLogger("valetkey.audit")
+QUEUE_SIZE = 10_000
+
+
+def masked_path(path: str, query: bytes) -> str:
+    """``/x?a=1&b=2`` → ``/x?a=***&b=***``: names stay, values never appear."""
+    if not query:
+        return path
+    names = [quote(k, safe="") for k, _ in parse_qsl(query.decode("latin-1"), keep_blank_values=True)]
+    return f"{path}?{'&'.join(f'{n}=***' for n in names)}" if names else f"{path}?***"
+
+
+@dataclass
+class AuditRecord:
+    request_id: str
+    upstream: str
+    method: str
+    path: str
+    time: float = field(default_factory=time.time)
+    run: str = ""
+    runtime: str = ""
+    purpose: str = ""
+    decision: str = "deny"
+    reason: str = ""
+    status: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    duration_ms: float = 0.0
+    upstream_addr: str = ""
+    redactions: int = 0
+    passthrough: str = ""  # where a real-looking credential was found (never the value)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.requests = Counter(
+            "valetkey_gateway_requests", "Requests by decision and reason code",
+            ["upstream", "decision", "reason"], registry=self.registry,
+        )
+        self.latency = Histogram(
+            "valetkey_gateway_request_seconds", "Request duration through the gateway",
+            ["upstream", "decision"], registry=self.registry,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 60),
+        )
+        self.bytes = Counter(
+            "valetkey_gateway_bytes", "Body bytes", ["upstream", "direction"], registry=self.registry,
+        )
+        self.redactions = Counter(
+            "valetkey_gateway_redactions", "Secret occurrences redacted from responses",
+            ["upstream"], registry=self.registry,
+        )
+        self.audit_dropped = Counter(
+            "valetkey_gateway_audit_dropped", "Audit lines not written to Redis",
+            ["upstream"], registry=self.registry,
+        )
+
+    def observe(self, record: AuditRecord) -> None:
+        self.requests.labels(record.upstream, record.decision, record.reason).inc()
+        self.latency.labels(record.upstream, record.decision).observe(record.duration_ms / 1000)
+        self.bytes.labels(record.upstream, "in").inc(record.bytes_in)
+        self.bytes.labels(record.upstream, "out").inc(record.bytes_out)
+        if record.redactions:
+            self.redactions.labels(record.upstream).inc(record.redactions)
+
+
+class AuditSink:
+    """stdout line now; Redis stream (XADD MAXLEN ~) from a background task."""
+
+    def __init__(self, redis: aioredis.Redis, stream: str, maxlen: int, metrics: Metrics) -> None:
+        self._redis = redis
+        self._stream = stream
+        self._maxlen = maxlen
+        self._metrics = metrics
+        self._queue: asyncio.Queue[AuditRecord] = asyncio.Queue(QUEUE_SIZE)
+        self._task: asyncio.Task[None] | None = None
+
+    def write(self, record: AuditRecord) -> None:
+        line = record.to_json()
+        log.info(line)
+        self._metrics.observe(record)
+        try:
+            self._queue.put_nowait(record)
+        except asyncio.QueueFull:
+            self._metrics.audit_dropped.labels(record.upstream).inc()
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._drain(), name="audit-drain")
+
+    async def stop(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(2.0):  # let queued lines reach Redis before exiting
+                await self._queue.join()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _drain(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            while not self._queue.empty() and len(batch) < 256:
+                batch.append(self._queue.get_nowait())
+            try:
+                await self._write(batch)
+            except (RedisError, OSError):
+                for record in batch:
+                    self._metrics.audit_dropped.labels(record.upstream).inc()
+                log.warning('{"event":"audit_stream_write_failed","lines":%d}', len(batch))
+                await asyncio.sleep(0.5)
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+
+    async def _write(self, batch: list[AuditRecord]) -> None:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for record in batch:
+                pipe.xadd(self._stream, {"line": record.to_json(), "run": record.run,
+                                         "runtime": record.runtime},
+                          maxlen=self._maxlen, approximate=True)
+            await pipe.execute()

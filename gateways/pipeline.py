@@ -1,0 +1,274 @@
+"""The gateway's request pipeline: one ordered list of small named steps, read top to bottom.
+
+    check_request → refuse_passthrough → authenticate → authorize → read_body → inject → dial → stream
+    (audit always, in ``handle``)
+
+Each step reads and may fill fields of the ``Exchange``; a refusal is a ``ValetkeyError`` whose
+reason code goes unchanged into the response body, the audit line and the metric. Nothing is
+sent upstream before ``dial``, so a refused request never opens an upstream connection.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from broker.errors import (
+    BadRequest,
+    Forbidden,
+    MethodNotAllowed,
+    PayloadTooLarge,
+    Reason,
+    TokenInvalid,
+    UpstreamError,
+    ValetkeyError,
+)
+from broker.tokens import AccessClaims
+from gateways.audit import AuditRecord, masked_path
+from gateways.credentials import Headers, extract_placeholder, forwarded_headers, inject
+from gateways.paths import CanonicalPath, canonical_path
+from gateways.patterns import media_type
+from gateways.upstream import response_headers
+from policies.model import Placement, Purpose
+
+if TYPE_CHECKING:
+    from gateways.app import Gateway
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+log = logging.getLogger("valetkey.gateway")
+REFUSED_METHODS = frozenset({"TRACE", "TRACK", "CONNECT", "DEBUG"})
+SCANNED_TYPES = ("application/json", "application/x-www-form-urlencoded", "multipart/form-data",
+                 "text/plain")
+SCAN_ANY_BELOW = 1024 * 1024  # bodies this small are buffered and scanned whatever their type
+
+
+@dataclass
+class Exchange:
+    """One request's state as it moves through the steps."""
+
+    scope: dict[str, Any]
+    receive: Receive
+    send: Send
+    record: AuditRecord
+    headers: Headers
+    query: bytes
+    started: float = field(default_factory=time.perf_counter)
+    path: CanonicalPath | None = None
+    claims: AccessClaims | None = None
+    purpose: Purpose | None = None
+    body: bytes | AsyncIterator[bytes] = b""
+    upstream_headers: Headers = field(default_factory=list)
+    upstream_query: bytes = b""
+    response_started: bool = False
+
+    @property
+    def method(self) -> str:
+        return str(self.scope["method"])
+
+    def header(self, name: bytes) -> list[bytes]:
+        return [v for k, v in self.headers if k == name]
+
+
+def new_exchange(scope: dict[str, Any], receive: Receive, send: Send, upstream: str) -> Exchange:
+    query = bytes(scope.get("query_string", b""))
+    raw_path = bytes(scope.get("raw_path") or scope["path"].encode())
+    record = AuditRecord(
+        request_id=uuid.uuid4().hex, upstream=upstream, method=str(scope["method"])[:16],
+        path=masked_path(raw_path.decode("latin-1")[:512], query),
+    )
+    return Exchange(scope, receive, send, record, list(scope["headers"]), query)
+
+
+async def check_request(gw: Gateway, ex: Exchange) -> None:
+    """Request framing and target. Reads method, target and framing headers.
+    Reasons: method_refused, absolute_form_target, duplicate_host, ambiguous_framing."""
+    if ex.method in REFUSED_METHODS:
+        raise MethodNotAllowed(f"{ex.method} is never forwarded")
+    raw_path = bytes(ex.scope.get("raw_path") or b"")
+    if not raw_path.startswith(b"/"):
+        raise BadRequest("only origin-form request targets are accepted", Reason.ABSOLUTE_FORM_TARGET)
+    if len(ex.header(b"host")) > 1:
+        raise BadRequest("more than one Host header", Reason.DUPLICATE_HOST)
+    lengths = set(ex.header(b"content-length"))
+    encodings = ex.header(b"transfer-encoding")
+    if (lengths and encodings) or len(lengths) > 1:
+        raise BadRequest("conflicting Content-Length / Transfer-Encoding", Reason.AMBIGUOUS_FRAMING)
+    if any(v.strip().lower() != b"chunked" for v in encodings):
+        raise BadRequest("only chunked transfer-encoding is accepted", Reason.AMBIGUOUS_FRAMING)
+
+
+async def refuse_passthrough(gw: Gateway, ex: Exchange) -> None:
+    """A real-looking provider credential anywhere in headers or query: refused, never logged.
+    Reads headers and query. Reason: credential_passthrough."""
+    finding = gw.scanner().scan_headers(ex.headers) or gw.scanner().scan_query(ex.query)
+    if finding is not None:
+        ex.record.passthrough = finding.location
+        raise Forbidden(f"a real credential was sent in {finding.location}; the sandbox must only "
+                        "hold placeholders", Reason.CREDENTIAL_PASSTHROUGH)
+
+
+async def authenticate(gw: Gateway, ex: Exchange) -> None:
+    """The run token from where the policy puts the credential, verified for this audience and a
+    live run. Fills claims. Reasons: missing_token, invalid_token, audience_mismatch."""
+    token = extract_placeholder(gw.upstream.injection, ex.headers, ex.query, gw.realm)
+    try:
+        ex.claims = await gw.verifier.verify(token)
+    except TokenInvalid as exc:
+        scheme = "Basic" if gw.upstream.injection.placement is Placement.BASIC else "Bearer"
+        exc.headers = {"www-authenticate": f'{scheme} realm="{gw.realm}", error="invalid_token"'}
+        raise
+    ex.record.run, ex.record.runtime = ex.claims.sub, ex.claims.client_id
+
+
+async def authorize(gw: Gateway, ex: Exchange) -> None:
+    """Method + canonical path must match a purpose granted in the token, with its bound params.
+    Fills path and purpose. Reason: purpose_not_granted."""
+    if ex.claims is None:
+        raise TokenInvalid("no verified token", check="pipeline")
+    ex.path = canonical_path(bytes(ex.scope.get("raw_path") or b"/"))
+    for grant in ex.claims.grants:
+        purpose = gw.upstream.purposes.get(grant.purpose)
+        if purpose is None or ex.method not in purpose.methods:
+            continue
+        if any(t.matches(ex.path.segments, grant.params) for t in purpose.paths):
+            ex.purpose = purpose
+            ex.record.purpose = purpose.name
+            return
+    raise Forbidden(f"{ex.method} {ex.path} is not within a purpose granted to this run",
+                    Reason.PURPOSE_NOT_GRANTED)
+
+
+async def read_body(gw: Gateway, ex: Exchange) -> None:
+    """Enforce the purpose's body limit; buffer and scan JSON, form and small bodies for
+    credentials, stream the rest. Fills body. Reasons: body_too_large, credential_passthrough."""
+    limit = (ex.purpose.limits.max_body if ex.purpose else None) or gw.settings.default_max_body
+    declared = ex.header(b"content-length")
+    size = int(declared[0]) if declared and declared[0].isdigit() else None
+    if size is not None and size > limit:
+        raise PayloadTooLarge(f"request body over this purpose's limit of {limit} bytes")
+    if size is None and not ex.header(b"transfer-encoding"):
+        return  # no body framing: no body (and no chunked empty body sent upstream)
+    content_type = (ex.header(b"content-type") or [b""])[0].decode("latin-1")
+    scan = media_type(content_type).startswith(SCANNED_TYPES) or media_type(content_type).endswith(
+        "+json") or (size is not None and size <= SCAN_ANY_BELOW)
+    if not scan:
+        ex.body = _limited_stream(ex, limit)
+        return
+    chunks: list[bytes] = []
+    async for chunk in _limited_stream(ex, limit):
+        chunks.append(chunk)
+    ex.body = b"".join(chunks)
+    finding = gw.scanner().scan_body(ex.body, content_type)
+    if finding is not None:
+        ex.record.passthrough = finding.location
+        raise Forbidden(f"a real credential was sent in {finding.location}",
+                        Reason.CREDENTIAL_PASSTHROUGH)
+
+
+async def _limited_stream(ex: Exchange, limit: int) -> AsyncIterator[bytes]:
+    while True:
+        message = await ex.receive()
+        if message["type"] == "http.disconnect":
+            raise BadRequest("client went away while sending the body", Reason.INVALID_REQUEST)
+        chunk = bytes(message.get("body", b""))
+        ex.record.bytes_in += len(chunk)
+        if ex.record.bytes_in > limit:
+            raise PayloadTooLarge(f"request body over this purpose's limit of {limit} bytes")
+        if chunk:
+            yield chunk
+        if not message.get("more_body", False):
+            return
+
+
+async def inject_secret(gw: Gateway, ex: Exchange) -> None:
+    """Strip every client credential and routing header, then inject the real secret.
+    Fills upstream_headers and upstream_query. Reason: secret_unavailable (store stale)."""
+    secret = gw.secrets.current()
+    headers = forwarded_headers(ex.headers, gw.upstream.injection)
+    ex.upstream_headers, ex.upstream_query = inject(headers, ex.query, gw.upstream.injection, secret)
+
+
+async def dial_and_stream(gw: Gateway, ex: Exchange) -> None:
+    """Dial the pinned address, then stream the response back chunk by chunk, redacted.
+    Reasons: dest_* (egress guard), upstream_* (timeouts, unreachable)."""
+    target = gw.resolver.current()
+    ex.record.upstream_addr = f"{target.address}:{target.port}"
+    if ex.path is None:
+        raise BadRequest("no path", Reason.INVALID_REQUEST)
+    raw_target = ex.path.raw.encode() + (b"?" + ex.upstream_query if ex.upstream_query else b"")
+    response = await gw.client.open(ex.method, target.address, raw_target, ex.upstream_headers, ex.body)
+    try:
+        redactor = gw.redactor()
+        headers = []
+        for name, value in response_headers(response.headers.raw, gw.upstream):
+            clean, count = redactor.redact(value)
+            ex.record.redactions += count
+            headers.append((name, clean))
+        headers.append((b"x-valetkey-request-id", ex.record.request_id.encode()))
+        ex.record.status = response.status_code
+        await ex.send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+        ex.response_started = True
+        stream = redactor.stream()
+        async for chunk in response.aiter_raw():
+            out = stream.feed(chunk)
+            if out:
+                ex.record.bytes_out += len(out)
+                await ex.send({"type": "http.response.body", "body": out, "more_body": True})
+        tail = stream.finish()
+        ex.record.bytes_out += len(tail)
+        ex.record.redactions += stream.count
+        await ex.send({"type": "http.response.body", "body": tail, "more_body": False})
+    finally:
+        await response.aclose()
+    ex.record.decision, ex.record.reason = "allow", Reason.OK.value
+
+
+STEPS: tuple[Callable[[Gateway, Exchange], Awaitable[None]], ...] = (
+    check_request,
+    refuse_passthrough,
+    authenticate,
+    authorize,
+    read_body,
+    inject_secret,
+    dial_and_stream,
+)
+
+
+async def handle(gw: Gateway, ex: Exchange) -> None:
+    """Run the steps in order; render a refusal; always write the audit line."""
+    try:
+        for step in STEPS:
+            await step(gw, ex)
+    except ValetkeyError as exc:
+        ex.record.decision = "deny" if exc.status < 500 else "error"
+        ex.record.reason = exc.code
+        if not ex.response_started:
+            await send_error(ex, exc)
+    except Exception as exc:  # a bug: answer without details, record it, keep serving
+        ex.record.decision, ex.record.reason = "error", "internal_error"
+        log.error('{"event":"internal_error","request_id":"%s","type":"%s"}',
+                  ex.record.request_id, type(exc).__name__)
+        if not ex.response_started:
+            await send_error(ex, UpstreamError("internal gateway error", Reason.INTERNAL_ERROR))
+    finally:
+        ex.record.duration_ms = round((time.perf_counter() - ex.started) * 1000, 3)
+        gw.audit.write(ex.record)
+
+
+async def send_error(ex: Exchange, exc: ValetkeyError) -> None:
+    status = exc.status
+    body = json.dumps({**exc.body(), "request_id": ex.record.request_id}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (b"x-valetkey-request-id", ex.record.request_id.encode()), (b"cache-control", b"no-store")]
+    headers += [(k.encode(), v.encode()) for k, v in exc.headers.items()]
+    ex.record.status = status
+    await ex.send({"type": "http.response.start", "status": status, "headers": headers})
+    await ex.send({"type": "http.response.body", "body": body, "more_body": False})
+    ex.response_started = True

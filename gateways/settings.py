@@ -1,0 +1,91 @@
+"""Gateway settings, read once from the environment into a frozen object; bad values are named."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from broker.secret import Secret
+from broker.settings import (
+    REDIS_SCHEMES,
+    SHIPPED_POLICY_DIR,
+    SettingsError,
+    _checked_url,
+    _directory,
+    _duration,
+    _int,
+    _url,
+)
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    upstream: str
+    vault_addr: str
+    vault_token: Secret | None
+    approle_role_id: str
+    approle_secret_id: Secret | None
+    redis_url: str
+    policy_dir: Path
+    broker_url: str
+    issuer: str
+    host: str = "127.0.0.1"
+    port: int = 8080
+    secret_refresh: int = 60
+    secret_max_stale: int = 600
+    jwks_max_age: int = 300
+    connect_timeout: float = 5.0
+    read_timeout: float = 120.0
+    total_timeout: float = 900.0
+    default_max_body: int = 16 * 1024 * 1024
+    audit_stream: str = "valetkey:audit"
+    audit_maxlen: int = 100_000
+
+    @classmethod
+    def from_env(cls, upstream: str, env: Mapping[str, str] | None = None) -> GatewaySettings:
+        env = os.environ if env is None else env
+        listen = env.get("VALETKEY_LISTEN", "127.0.0.1:8080")
+        host, _, port = listen.rpartition(":")
+        token = env.get("VAULT_TOKEN", "")
+        role_id = env.get("VALETKEY_VAULT_ROLE_ID", "")
+        secret_id = _secret_id(env)
+        if not token and not (role_id and secret_id):
+            raise SettingsError(
+                "set VALETKEY_VAULT_ROLE_ID and VALETKEY_VAULT_SECRET_ID (or _FILE) for AppRole, "
+                "or VAULT_TOKEN in development"
+            )
+        broker_url = _url(env, "VALETKEY_BROKER_URL", "http://127.0.0.1:8400")
+        return cls(
+            upstream=upstream,
+            vault_addr=_url(env, "VAULT_ADDR", "http://127.0.0.1:8200"),
+            vault_token=Secret(token) if token else None,
+            approle_role_id=role_id,
+            approle_secret_id=secret_id,
+            redis_url=_url(env, "VALETKEY_REDIS_URL", "redis://127.0.0.1:6379/0", REDIS_SCHEMES),
+            policy_dir=_directory(env, "VALETKEY_POLICY_DIR", SHIPPED_POLICY_DIR),
+            broker_url=broker_url,
+            issuer=_checked_url("VALETKEY_ISSUER", env.get("VALETKEY_ISSUER", broker_url)),
+            host=host.strip("[]") or "127.0.0.1",
+            port=_int("VALETKEY_LISTEN", port, 0, 65535),
+            secret_refresh=_duration(env, "VALETKEY_SECRET_REFRESH", "60s"),
+            secret_max_stale=_duration(env, "VALETKEY_SECRET_MAX_STALE", "10m"),
+            jwks_max_age=_duration(env, "VALETKEY_JWKS_MAX_AGE", "5m"),
+            connect_timeout=float(_duration(env, "VALETKEY_CONNECT_TIMEOUT", "5s")),
+            read_timeout=float(_duration(env, "VALETKEY_READ_TIMEOUT", "120s")),
+            total_timeout=float(_duration(env, "VALETKEY_TOTAL_TIMEOUT", "15m")),
+            audit_maxlen=_int("VALETKEY_AUDIT_MAXLEN", env.get("VALETKEY_AUDIT_MAXLEN", "100000"),
+                              1000, 100_000_000),
+        )
+
+
+def _secret_id(env: Mapping[str, str]) -> Secret | None:
+    value = env.get("VALETKEY_VAULT_SECRET_ID", "")
+    path = env.get("VALETKEY_VAULT_SECRET_ID_FILE", "")
+    if path:
+        try:
+            value = Path(path).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise SettingsError(f"VALETKEY_VAULT_SECRET_ID_FILE: cannot read {path!r}: {exc}") from None
+    return Secret(value) if value else None

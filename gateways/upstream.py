@@ -1,0 +1,106 @@
+"""Dialling the one upstream: the pinned address, TLS verified for the policy's hostname, no
+redirects followed, no proxy from the environment, keep-alive pooled. httpx errors are
+translated here into gateway errors whose messages name no URL (a query may carry the secret).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
+
+import httpx
+
+from broker.errors import GatewayTimeout, Reason, UpstreamError
+from gateways.credentials import HOP_BY_HOP, Headers
+from policies.model import Upstream
+
+RESPONSE_DROPPED = HOP_BY_HOP | frozenset({b"content-length", b"proxy-authenticate", b"alt-svc"})
+
+
+class UpstreamClient:
+    def __init__(
+        self, upstream: Upstream, *, connect: float, read: float, max_connections: int = 256,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.upstream = upstream
+        self._client = httpx.AsyncClient(
+            follow_redirects=False,
+            trust_env=False,  # never an HTTP(S)_PROXY from the environment
+            timeout=httpx.Timeout(read, connect=connect, write=read, pool=connect),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=64,
+                                keepalive_expiry=30.0),
+            transport=transport,
+        )
+        default_port = 443 if upstream.scheme == "https" else 80
+        host = f"[{upstream.host}]" if ":" in upstream.host else upstream.host
+        self.host_header = host if upstream.port == default_port else f"{host}:{upstream.port}"
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def open(
+        self, method: str, address: str, raw_target: bytes, headers: Headers,
+        content: bytes | AsyncIterator[bytes],
+    ) -> httpx.Response:
+        """Send to ``address`` (already checked by the egress guard); returns a streaming response."""
+        up = self.upstream
+        url = httpx.URL(scheme=up.scheme, host=address, port=up.port, raw_path=raw_target)
+        extensions = {"sni_hostname": up.host} if up.scheme == "https" else {}
+        request = self._client.build_request(
+            method, url, headers=[*headers, (b"host", self.host_header.encode())], content=content,
+            extensions=extensions,
+        )
+        try:
+            return await self._client.send(request, stream=True)
+        except httpx.ConnectTimeout:
+            raise GatewayTimeout("upstream did not accept the connection in time",
+                                 Reason.UPSTREAM_CONNECT_TIMEOUT) from None
+        except httpx.TimeoutException:
+            raise GatewayTimeout("upstream did not answer in time", Reason.UPSTREAM_TIMEOUT) from None
+        except httpx.RemoteProtocolError:
+            raise UpstreamError("upstream broke the HTTP protocol", Reason.UPSTREAM_PROTOCOL_ERROR) from None
+        except httpx.TransportError as exc:
+            raise UpstreamError(f"upstream unreachable ({type(exc).__name__})",
+                                Reason.UPSTREAM_UNREACHABLE) from None
+
+
+def rewrite_location(value: str, upstream: Upstream) -> str:
+    """A redirect to the upstream's own origin becomes a relative reference to the gateway;
+    any other target passes through (redacted later) — the gateway never follows it."""
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError:
+        return value
+    if not parts.scheme and not parts.netloc:
+        return value
+    default = 443 if parts.scheme == "https" else 80
+    same = (
+        parts.scheme == upstream.scheme
+        and (parts.hostname or "").lower() == upstream.host.lower()
+        and (port or default) == upstream.port
+        and parts.username is None and parts.password is None
+    )
+    if not same:
+        return value
+    path = parts.path or "/"
+    query = f"?{parts.query}" if parts.query else ""
+    return path + query + (f"#{parts.fragment}" if parts.fragment else "")
+
+
+def response_headers(raw: list[tuple[bytes, bytes]], upstream: Upstream) -> Headers:
+    """Upstream response headers minus hop-by-hop and length (the body may change length)."""
+    named = {
+        part.strip().lower().encode()
+        for k, v in raw if k.lower() == b"connection"
+        for part in v.decode("latin-1").split(",") if part.strip()
+    }
+    out: Headers = []
+    for key, value in raw:
+        name = key.lower()
+        if name in RESPONSE_DROPPED or name in named:
+            continue
+        if name == b"location":
+            value = rewrite_location(value.decode("latin-1"), upstream).encode("latin-1")
+        out.append((name, value))
+    return out

@@ -1,0 +1,150 @@
+"""Gateway fixtures: real echo upstreams, a policy written for their ports, a bootstrapped Vault,
+a broker minting for those upstreams, and one in-process gateway per upstream under uvicorn."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from broker.app import create_app
+from broker.devstack import DevVault
+from broker.localstack import OpenBaoDev, RedisServer
+from broker.settings import BrokerSettings
+from gateways.app import GatewayApp
+from gateways.server import JsonErrorH11Protocol
+from gateways.settings import GatewaySettings
+from policies.load import load_policy_dir
+from policies.model import PolicySet
+from tests.support.servers import ThreadedServer
+from tests.support.upstreams import EchoUpstream
+
+ISSUER = "http://broker.gateway-tests.valetkey.test"
+PLACEMENTS = {
+    "echo": ("inject: {header: Authorization, format: 'Bearer {secret}'}", "header:authorization:Bearer {secret}"),
+    "keyed": ("inject: {header: x-api-key}", "header:x-api-key:{secret}"),
+    "gitbasic": ("inject: {basic: {username: x-access-token}}", "basic:x-access-token"),
+    "queried": ("inject: {query: key}", "query:key"),
+}
+PURPOSES = """
+purposes:
+  read_items:
+    why: Read items.
+    methods: [GET, HEAD]
+    paths: ["/v1/items", "/v1/items/{item}", "/v1/items/{item}/redirect-home",
+            "/v1/items/{item}/redirect-away", "/v1/sse", "/v1/slow"]
+  write_item:
+    why: Update one bound item.
+    methods: [POST, PUT]
+    params: [item]
+    paths: ["/v1/items/{item}"]
+    limits: {max_body: 1KiB}
+  upload:
+    why: Upload blobs of any type.
+    methods: [POST]
+    paths: [/v1/blobs]
+    limits: {max_body: 64KiB}
+"""
+
+
+def _policy(name: str, port: int, inject: str, index: int) -> str:
+    return (f"version: 1\nkind: upstream\nname: {name}\nbase_url: http://127.0.0.1:{port}\n"
+            f"allow_private: true\nsecret: {{path: valetkey/tests/{name}, field: value}}\n{inject}\n"
+            f"env: {{placeholder: {name.upper()}_TOKEN, base_url: {name.upper()}_URL}}\n{PURPOSES}")
+
+
+RUNTIME = """version: 1
+kind: runtime
+name: tester
+identity: {vault_policy: valetkey-runtime-tester}
+max_ttl: 1h
+max_grants: 16
+allow:
+  echo: [read_items, write_item, upload]
+  keyed: [read_items, write_item]
+  gitbasic: [read_items]
+  queried: [read_items]
+"""
+
+
+@dataclass
+class Stack:
+    vault: DevVault
+    policies: PolicySet
+    broker_url: str
+    redis_url: str
+    upstreams: dict[str, EchoUpstream]
+    gateways: dict[str, ThreadedServer] = field(default_factory=dict)
+
+    def app(self, name: str) -> GatewayApp:
+        app: GatewayApp = self.gateways[name].server.config.app
+        return app
+
+    def url(self, name: str) -> str:
+        return self.gateways[name].url
+
+    def mint(self, grants: list[dict[str, Any]], ttl: str = "10m") -> dict[str, Any]:
+        token = self.vault.runtime_token("tester")
+        response = httpx.post(f"{self.broker_url}/v1/runs", json={"grants": grants, "ttl": ttl},
+                              headers={"X-Vault-Token": token})
+        response.raise_for_status()
+        bundle: dict[str, Any] = response.json()
+        return bundle
+
+    def end(self, run_id: str) -> None:
+        httpx.delete(f"{self.broker_url}/v1/runs/{run_id}",
+                     headers={"X-Vault-Token": self.vault.admin_token}).raise_for_status()
+
+
+def gateway_settings(stack: Stack, name: str, **extra: str) -> GatewaySettings:
+    env = {"VAULT_ADDR": stack.vault.addr, "VAULT_TOKEN": stack.vault.gateway_token(name),
+           "VALETKEY_REDIS_URL": stack.redis_url, "VALETKEY_BROKER_URL": stack.broker_url,
+           "VALETKEY_ISSUER": ISSUER, "VALETKEY_READ_TIMEOUT": "1s", **extra}
+    return GatewaySettings.from_env(name, env)
+
+
+def start_gateway(stack: Stack, name: str, **extra: str) -> ThreadedServer:
+    app = GatewayApp(gateway_settings(stack, name, **extra), stack.policies.upstreams[name])
+    return ThreadedServer(app, http=JsonErrorH11Protocol).start()
+
+
+@pytest.fixture(scope="session")
+def gateway_stack(vault: OpenBaoDev, redis_server: RedisServer,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    policy_dir = tmp_path_factory.mktemp("gateway-policies")
+    echoes: dict[str, EchoUpstream] = {}
+    servers: list[ThreadedServer] = []
+    for index, (name, (inject, placement)) in enumerate(PLACEMENTS.items()):
+        echo = EchoUpstream(placement, secret="")
+        server = ThreadedServer(echo, http=echo.protocol())
+        echo.port = server.port
+        (policy_dir / f"{name}.yaml").write_text(_policy(name, server.port, inject, index))
+        echoes[name] = echo
+        servers.append(server)
+    (policy_dir / "tester.yaml").write_text(RUNTIME)
+    policies = load_policy_dir(policy_dir)
+    dev = DevVault.create(vault.addr, vault.root_token, policies)
+    for name, echo in echoes.items():
+        echo.secret = dev.secrets[name]
+    for server in servers:
+        server.start()
+    settings = BrokerSettings.from_env({
+        "VAULT_ADDR": dev.addr, "VAULT_TOKEN": dev.broker_token, "VALETKEY_REDIS_URL": redis_server.url,
+        "VALETKEY_POLICY_DIR": str(Path(policy_dir)), "VALETKEY_ISSUER": ISSUER,
+    })
+    broker = ThreadedServer(create_app(settings, policies)).start()
+    stack = Stack(dev, policies, broker.url, redis_server.url, echoes)
+    try:
+        for name in echoes:
+            stack.gateways[name] = start_gateway(stack, name)
+        yield stack
+    finally:
+        for gateway in stack.gateways.values():
+            gateway.stop()
+        broker.stop()
+        for server in servers:
+            server.stop()

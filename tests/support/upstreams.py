@@ -1,0 +1,138 @@
+"""Real local upstreams for gateway tests: they accept only the real secret and echo what arrived.
+
+``EchoUpstream`` is an ASGI app run under uvicorn (``ThreadedServer``). It records every request
+it receives (so tests can assert what the upstream saw) and counts TCP connections (so tests can
+assert that a refused request never reached it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    raw_path: str
+    query: str
+    headers: list[tuple[str, str]]
+    body: bytes
+
+    def header(self, name: str) -> list[str]:
+        return [v for k, v in self.headers if k == name.lower()]
+
+
+@dataclass
+class EchoUpstream:
+    """``placement`` is header:<name>:<format> | basic:<user> | query:<param>."""
+
+    placement: str
+    secret: str
+    seen: list[Seen] = field(default_factory=list)
+    connections: int = 0
+    sse_gate: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
+    port: int = 0
+
+    def protocol(self) -> type[H11Protocol]:
+        upstream = self
+
+        class Counting(H11Protocol):
+            def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+                upstream.connections += 1
+                super().connection_made(transport)
+
+        return Counting
+
+    def authorized(self, scope: Scope) -> bool:
+        headers = {k.decode().lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        kind, _, rest = self.placement.partition(":")
+        if kind == "header":
+            name, _, fmt = rest.partition(":")
+            return headers.get(name) == fmt.replace("{secret}", self.secret)
+        if kind == "basic":
+            expected = base64.b64encode(f"{rest}:{self.secret}".encode()).decode()
+            return headers.get("authorization") == f"Basic {expected}"
+        query = dict(parse_qsl(scope["query_string"].decode()))
+        return query.get(rest) == self.secret
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        seen = Seen(scope["method"], scope["path"], scope["raw_path"].decode("latin-1"),
+                    scope["query_string"].decode("latin-1"),
+                    [(k.decode().lower(), v.decode("latin-1")) for k, v in scope["headers"]], body)
+        self.seen.append(seen)
+        if not self.authorized(scope):
+            await _json(send, 401, {"error": "bad credentials"})
+            return
+        handler = ROUTES.get(scope["path"].rsplit("/", 1)[-1], _echo)
+        await handler(self, scope, seen, send)
+
+
+async def _json(send: Send, status: int, value: Any, headers: list[tuple[bytes, bytes]] = ()) -> None:  # type: ignore[assignment]
+    body = json.dumps(value).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), *headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _echo(up: EchoUpstream, scope: Scope, seen: Seen, send: Send) -> None:
+    await _json(send, 200, {"method": seen.method, "path": seen.path, "query": seen.query,
+                            "headers": seen.headers, "body": seen.body.decode("latin-1")})
+
+
+async def _redirect_home(up: EchoUpstream, scope: Scope, seen: Seen, send: Send) -> None:
+    location = f"http://127.0.0.1:{up.port}/v1/items/next?page=2"
+    await _json(send, 302, {}, [(b"location", location.encode())])
+
+
+async def _redirect_away(up: EchoUpstream, scope: Scope, seen: Seen, send: Send) -> None:
+    await _json(send, 302, {}, [(b"location", b"https://elsewhere.example/landing?x=1")])
+
+
+async def _sse(up: EchoUpstream, scope: Scope, seen: Seen, send: Send) -> None:
+    """Emit one event, then wait until the test releases the next: a buffering gateway deadlocks."""
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
+    loop = asyncio.get_running_loop()
+    for n in range(4):
+        await send({"type": "http.response.body", "body": f"data: event {n}\n\n".encode(),
+                    "more_body": True})
+        if n < 3:
+            acquired = await loop.run_in_executor(None, up.sse_gate.acquire, True, 10.0)
+            if not acquired:
+                break
+    await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+
+async def _slow(up: EchoUpstream, scope: Scope, seen: Seen, send: Send) -> None:
+    await asyncio.sleep(3)
+    await _json(send, 200, {"slow": True})
+
+
+ROUTES: dict[str, Callable[[EchoUpstream, Scope, Seen, Send], Awaitable[None]]] = {
+    "redirect-home": _redirect_home,
+    "redirect-away": _redirect_away,
+    "sse": _sse,
+    "slow": _slow,
+}
