@@ -69,6 +69,7 @@ class Reason(StrEnum):
     UPSTREAM_CONNECT_TIMEOUT = "upstream_connect_timeout"
     UPSTREAM_TIMEOUT = "upstream_timeout"
     UPSTREAM_UNREACHABLE = "upstream_unreachable"
+    UPSTREAM_TLS_ERROR = "upstream_tls_error"
     UPSTREAM_PROTOCOL_ERROR = "upstream_protocol_error"
     # gateway: egress guard (gateways/egress.py)
     DEST_PRIVATE_RANGE = "dest_private_range"

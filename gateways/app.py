@@ -25,7 +25,7 @@ from broker.secret import Secret
 from broker.vault import VaultClient
 from broker.verify import TokenVerifier
 from gateways.audit import AuditSink, Metrics
-from gateways.egress import PinnedResolver
+from gateways.egress import PinnedResolver, Resolver
 from gateways.patterns import CredentialScanner
 from gateways.pipeline import Receive, Send, handle, new_exchange
 from gateways.redact import Redactor
@@ -83,7 +83,8 @@ class Gateway:
         return self._redactor[1]
 
     @classmethod
-    def build(cls, settings: GatewaySettings, upstream: Upstream) -> Gateway:
+    def build(cls, settings: GatewaySettings, upstream: Upstream, resolver: Resolver | None = None
+              ) -> Gateway:
         vault = VaultClient(settings.vault_addr, settings.vault_token or Secret(""))
         redis = aioredis.Redis.from_url(settings.redis_url, socket_timeout=2.0)
         http = httpx.AsyncClient(timeout=5.0, trust_env=False)
@@ -95,11 +96,13 @@ class Gateway:
             secrets=SecretStore(vault, upstream.secret, role_id=settings.approle_role_id,
                                 secret_id=settings.approle_secret_id, refresh=settings.secret_refresh,
                                 max_stale=settings.secret_max_stale),
-            resolver=PinnedResolver(upstream.host, upstream.port, upstream.allow_private),
+            resolver=PinnedResolver(upstream.host, upstream.port, upstream.allow_private,
+                                    resolver=resolver),
             keys=keys,
             verifier=TokenVerifier(issuer=settings.issuer, audience=upstream.name, keys=keys,
                                    run_check=RunRegistry(redis).require_live),
-            client=UpstreamClient(upstream, connect=settings.connect_timeout, read=settings.read_timeout),
+            client=UpstreamClient(upstream, connect=settings.connect_timeout, read=settings.read_timeout,
+                                  ca_file=settings.upstream_ca_file),
             audit=AuditSink(redis, settings.audit_stream, settings.audit_maxlen, metrics),
             metrics=metrics, http=http,
         )
@@ -123,9 +126,12 @@ class Gateway:
 class GatewayApp:
     """The ASGI callable: lifespan, reserved endpoints, and the pipeline for everything else."""
 
-    def __init__(self, settings: GatewaySettings, upstream: Upstream) -> None:
+    def __init__(self, settings: GatewaySettings, upstream: Upstream, resolver: Resolver | None = None
+                 ) -> None:
         self.settings = settings
         self.upstream = upstream
+        self.resolver = resolver  # a DNS seam for tests; production uses the system resolver
+        self.startup_error: str = ""
         self.gateway: Gateway | None = None
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
@@ -143,12 +149,13 @@ class GatewayApp:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                gateway = Gateway.build(self.settings, self.upstream)
+                gateway = Gateway.build(self.settings, self.upstream, self.resolver)
                 try:
                     await gateway.start()
                 except Exception as exc:
                     await gateway.stop()
                     detail = getattr(exc, "detail", type(exc).__name__)
+                    self.startup_error = f"{getattr(exc, 'code', 'error')}: {detail}"
                     await send({"type": "lifespan.startup.failed", "message": str(detail)})
                     return
                 self.gateway = gateway

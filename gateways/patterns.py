@@ -189,17 +189,22 @@ class CredentialScanner:
     def _label(self, name: bytes) -> str:
         """``name`` when it is a plain token without a finding; otherwise a fixed stand-in."""
         if _SAFE_NAME.fullmatch(name) and self.find(name) is None:
-            return name.decode("ascii").lower()
+            return name.decode("ascii")
         return _UNNAMED
 
     def _pairs(self, kind: str, raw: bytes, sep: bytes) -> Finding | None:
-        """Scan ``name=value`` pairs split on ``sep``: names first, then values, each in all forms."""
+        """Scan ``name=value`` pairs split on ``sep``: the name, the value, then the whole pair (a shape
+        with ``=`` in it, like ``AccountKey=…``), each raw and percent-decoded."""
         for pair in raw.split(sep):
-            name, _, value = pair.strip().partition(b"=")
+            pair = pair.strip()
+            name, _, value = pair.partition(b"=")
             names = percent_decoded(name)
             finding = self._first(f"{kind}:{_UNNAMED}", names)
             if finding is None:
-                finding = self._first(f"{kind}:{self._label(names[-1])}", percent_decoded(value))
+                label = f"{kind}:{self._label(names[-1])}"
+                finding = self._first(label, percent_decoded(value)) or self._first(
+                    label, percent_decoded(pair)
+                )
             if finding is not None:
                 return finding
         return None

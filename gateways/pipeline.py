@@ -10,6 +10,7 @@ sent upstream before ``dial``, so a refused request never opens an upstream conn
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -18,9 +19,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import httpx
+
 from broker.errors import (
     BadRequest,
     Forbidden,
+    GatewayTimeout,
     MethodNotAllowed,
     PayloadTooLarge,
     Reason,
@@ -203,31 +207,45 @@ async def dial_and_stream(gw: Gateway, ex: Exchange) -> None:
     if ex.path is None:
         raise BadRequest("no path", Reason.INVALID_REQUEST)
     raw_target = ex.path.raw.encode() + (b"?" + ex.upstream_query if ex.upstream_query else b"")
-    response = await gw.client.open(ex.method, target.address, raw_target, ex.upstream_headers, ex.body)
     try:
-        redactor = gw.redactor()
+        async with asyncio.timeout(gw.settings.total_timeout):
+            await _exchange(gw, ex, target.address, raw_target)
+    except TimeoutError:
+        raise GatewayTimeout("the exchange exceeded the total time limit", Reason.UPSTREAM_TIMEOUT) from None
+    ex.record.decision, ex.record.reason = "allow", Reason.OK.value
+
+
+async def _exchange(gw: Gateway, ex: Exchange, address: str, raw_target: bytes) -> None:
+    response = await gw.client.open(ex.method, address, raw_target, ex.upstream_headers, ex.body)
+    redactor = gw.redactor()
+    stream = redactor.stream()
+    header_redactions = 0
+    try:
         headers = []
         for name, value in response_headers(response.headers.raw, gw.upstream):
             clean, count = redactor.redact(value)
-            ex.record.redactions += count
+            header_redactions += count
             headers.append((name, clean))
         headers.append((b"x-valetkey-request-id", ex.record.request_id.encode()))
         ex.record.status = response.status_code
         await ex.send({"type": "http.response.start", "status": response.status_code, "headers": headers})
         ex.response_started = True
-        stream = redactor.stream()
-        async for chunk in response.aiter_raw():
-            out = stream.feed(chunk)
-            if out:
-                ex.record.bytes_out += len(out)
-                await ex.send({"type": "http.response.body", "body": out, "more_body": True})
+        try:
+            async for chunk in response.aiter_raw():
+                out = stream.feed(chunk)
+                if out:
+                    ex.record.bytes_out += len(out)
+                    await ex.send({"type": "http.response.body", "body": out, "more_body": True})
+        except httpx.TimeoutException:
+            raise GatewayTimeout("upstream stalled mid-response", Reason.UPSTREAM_TIMEOUT) from None
+        except httpx.HTTPError:
+            raise UpstreamError("upstream broke off the response", Reason.UPSTREAM_PROTOCOL_ERROR) from None
         tail = stream.finish()
         ex.record.bytes_out += len(tail)
-        ex.record.redactions += stream.count
         await ex.send({"type": "http.response.body", "body": tail, "more_body": False})
     finally:
+        ex.record.redactions = header_redactions + stream.count
         await response.aclose()
-    ex.record.decision, ex.record.reason = "allow", Reason.OK.value
 
 
 STEPS: tuple[Callable[[Gateway, Exchange], Awaitable[None]], ...] = (

@@ -45,7 +45,7 @@ class SecretStore:
         self._current: Secret | None = None
         self._previous: tuple[Secret, ...] = ()
         self._loaded_at = 0.0
-        self._login_expires = float("inf")
+        self._login_expires = 0.0  # AppRole: log in before the first read
         self._task: asyncio.Task[None] | None = None
         self.version = 0  # bumps on every change; redaction rebuilds its forms on a new version
 

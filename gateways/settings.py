@@ -40,6 +40,7 @@ class GatewaySettings:
     read_timeout: float = 120.0
     total_timeout: float = 900.0
     default_max_body: int = 16 * 1024 * 1024
+    upstream_ca_file: str | None = None
     audit_stream: str = "valetkey:audit"
     audit_maxlen: int = 100_000
 
@@ -75,9 +76,17 @@ class GatewaySettings:
             connect_timeout=float(_duration(env, "VALETKEY_CONNECT_TIMEOUT", "5s")),
             read_timeout=float(_duration(env, "VALETKEY_READ_TIMEOUT", "120s")),
             total_timeout=float(_duration(env, "VALETKEY_TOTAL_TIMEOUT", "15m")),
+            upstream_ca_file=_ca_file(env),
             audit_maxlen=_int("VALETKEY_AUDIT_MAXLEN", env.get("VALETKEY_AUDIT_MAXLEN", "100000"),
                               1000, 100_000_000),
         )
+
+
+def _ca_file(env: Mapping[str, str]) -> str | None:
+    path = env.get("VALETKEY_UPSTREAM_CA_FILE", "")
+    if path and not Path(path).is_file():
+        raise SettingsError(f"VALETKEY_UPSTREAM_CA_FILE: {path!r} is not a file")
+    return path or None
 
 
 def _secret_id(env: Mapping[str, str]) -> Secret | None:

@@ -5,6 +5,8 @@ translated here into gateway errors whose messages name no URL (a query may carr
 
 from __future__ import annotations
 
+import logging
+import ssl
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
@@ -14,16 +16,24 @@ from broker.errors import GatewayTimeout, Reason, UpstreamError
 from gateways.credentials import HOP_BY_HOP, Headers
 from policies.model import Upstream
 
+# httpx logs each request URL at INFO and httpcore more at DEBUG; with query placement the URL
+# carries the secret, so these loggers never go below WARNING in a valetkey process.
+for _name in ("httpx", "httpcore"):
+    logging.getLogger(_name).setLevel(logging.WARNING)
+
 RESPONSE_DROPPED = HOP_BY_HOP | frozenset({b"content-length", b"proxy-authenticate", b"alt-svc"})
 
 
 class UpstreamClient:
     def __init__(
         self, upstream: Upstream, *, connect: float, read: float, max_connections: int = 256,
-        transport: httpx.AsyncBaseTransport | None = None,
+        ca_file: str | None = None, transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.upstream = upstream
+        # certificates are verified for the policy's hostname (sent as SNI), never the pinned IP
+        verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca_file) if ca_file else True
         self._client = httpx.AsyncClient(
+            verify=verify,
             follow_redirects=False,
             trust_env=False,  # never an HTTP(S)_PROXY from the environment
             timeout=httpx.Timeout(read, connect=connect, write=read, pool=connect),
@@ -59,9 +69,24 @@ class UpstreamClient:
             raise GatewayTimeout("upstream did not answer in time", Reason.UPSTREAM_TIMEOUT) from None
         except httpx.RemoteProtocolError:
             raise UpstreamError("upstream broke the HTTP protocol", Reason.UPSTREAM_PROTOCOL_ERROR) from None
+        except httpx.ConnectError as exc:
+            if _is_tls(exc):
+                raise UpstreamError("upstream TLS certificate did not verify for "
+                                    f"{up.host}", Reason.UPSTREAM_TLS_ERROR) from None
+            raise UpstreamError(f"upstream unreachable ({type(exc).__name__})",
+                                Reason.UPSTREAM_UNREACHABLE) from None
         except httpx.TransportError as exc:
             raise UpstreamError(f"upstream unreachable ({type(exc).__name__})",
                                 Reason.UPSTREAM_UNREACHABLE) from None
+
+
+def _is_tls(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def rewrite_location(value: str, upstream: Upstream) -> str:

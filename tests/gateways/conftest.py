@@ -3,6 +3,7 @@ a broker minting for those upstreams, and one in-process gateway per upstream un
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ from gateways.server import JsonErrorH11Protocol
 from gateways.settings import GatewaySettings
 from policies.load import load_policy_dir
 from policies.model import PolicySet
+from tests.support.certs import make_ca, make_leaf
 from tests.support.servers import ThreadedServer
 from tests.support.upstreams import EchoUpstream
 
@@ -51,10 +53,17 @@ purposes:
 """
 
 
-def _policy(name: str, port: int, inject: str, index: int) -> str:
-    return (f"version: 1\nkind: upstream\nname: {name}\nbase_url: http://127.0.0.1:{port}\n"
-            f"allow_private: true\nsecret: {{path: valetkey/tests/{name}, field: value}}\n{inject}\n"
+def _policy(name: str, base_url: str, inject: str, allow_private: bool = True) -> str:
+    return (f"version: 1\nkind: upstream\nname: {name}\nbase_url: {base_url}\n"
+            f"allow_private: {str(allow_private).lower()}\n"
+            f"secret: {{path: valetkey/tests/{name}, field: value}}\n{inject}\n"
             f"env: {{placeholder: {name.upper()}_TOKEN, base_url: {name.upper()}_URL}}\n{PURPOSES}")
+
+
+TLS_HOST = "api.valetkey.test"
+BEARER = PLACEMENTS["echo"][0]
+# upstreams whose gateways the tests start themselves: TLS good and bad, refused egress, nobody home
+EXTRA = {"tlsgood": TLS_HOST, "tlsbad": "other.valetkey.test", "nolocal": "", "gone": ""}
 
 
 RUNTIME = """version: 1
@@ -68,6 +77,10 @@ allow:
   keyed: [read_items, write_item]
   gitbasic: [read_items]
   queried: [read_items]
+  tlsgood: [read_items]
+  tlsbad: [read_items]
+  nolocal: [read_items]
+  gone: [read_items]
 """
 
 
@@ -78,6 +91,7 @@ class Stack:
     broker_url: str
     redis_url: str
     upstreams: dict[str, EchoUpstream]
+    ca_file: Path
     gateways: dict[str, ThreadedServer] = field(default_factory=dict)
 
     def app(self, name: str) -> GatewayApp:
@@ -107,8 +121,14 @@ def gateway_settings(stack: Stack, name: str, **extra: str) -> GatewaySettings:
     return GatewaySettings.from_env(name, env)
 
 
+async def loopback_resolver(host: str, port: int) -> list[tuple[Any, ...]]:
+    """DNS seam: the test hostnames resolve to loopback (allowed only with allow_private)."""
+    return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+
+
 def start_gateway(stack: Stack, name: str, **extra: str) -> ThreadedServer:
-    app = GatewayApp(gateway_settings(stack, name, **extra), stack.policies.upstreams[name])
+    app = GatewayApp(gateway_settings(stack, name, **extra), stack.policies.upstreams[name],
+                     resolver=loopback_resolver)
     return ThreadedServer(app, http=JsonErrorH11Protocol).start()
 
 
@@ -118,13 +138,31 @@ def gateway_stack(vault: OpenBaoDev, redis_server: RedisServer,
     policy_dir = tmp_path_factory.mktemp("gateway-policies")
     echoes: dict[str, EchoUpstream] = {}
     servers: list[ThreadedServer] = []
-    for index, (name, (inject, placement)) in enumerate(PLACEMENTS.items()):
+    for name, (inject, placement) in PLACEMENTS.items():
         echo = EchoUpstream(placement, secret="")
         server = ThreadedServer(echo, http=echo.protocol())
         echo.port = server.port
-        (policy_dir / f"{name}.yaml").write_text(_policy(name, server.port, inject, index))
+        (policy_dir / f"{name}.yaml").write_text(_policy(name, f"http://127.0.0.1:{server.port}", inject))
         echoes[name] = echo
         servers.append(server)
+    ca_file, ca_key, ca = make_ca(tmp_path_factory.mktemp("ca"))
+    for name, cert_host in EXTRA.items():
+        echo = EchoUpstream(PLACEMENTS["echo"][1], secret="")
+        if cert_host:
+            cert, key = make_leaf(ca_file.parent, ca_key, ca, cert_host)
+            server = ThreadedServer(echo, http=echo.protocol(), ssl_certfile=str(cert), ssl_keyfile=str(key))
+            base_url = f"https://{TLS_HOST}:{server.port}"
+        elif name == "nolocal":
+            server = ThreadedServer(echo, http=echo.protocol())
+            base_url = f"http://localhost:{server.port}"
+        else:
+            server = ThreadedServer(echo)  # never started: nobody listens on its port
+            base_url = f"http://127.0.0.1:{server.port}"
+        echo.port = server.port
+        (policy_dir / f"{name}.yaml").write_text(_policy(name, base_url, BEARER, name != "nolocal"))
+        echoes[name] = echo
+        if name != "gone":
+            servers.append(server)
     (policy_dir / "tester.yaml").write_text(RUNTIME)
     policies = load_policy_dir(policy_dir)
     dev = DevVault.create(vault.addr, vault.root_token, policies)
@@ -137,9 +175,9 @@ def gateway_stack(vault: OpenBaoDev, redis_server: RedisServer,
         "VALETKEY_POLICY_DIR": str(Path(policy_dir)), "VALETKEY_ISSUER": ISSUER,
     })
     broker = ThreadedServer(create_app(settings, policies)).start()
-    stack = Stack(dev, policies, broker.url, redis_server.url, echoes)
+    stack = Stack(dev, policies, broker.url, redis_server.url, echoes, ca_file)
     try:
-        for name in echoes:
+        for name in PLACEMENTS:
             stack.gateways[name] = start_gateway(stack, name)
         yield stack
     finally:

@@ -5,6 +5,7 @@ connections; every success for what the upstream saw and what the client did not
 from __future__ import annotations
 
 import base64
+import logging
 import json
 import socket
 import string
@@ -341,3 +342,19 @@ def test_metrics_count_reasons(gateway_stack: Stack, echo: httpx.Client) -> None
     assert 'valetkey_gateway_requests_total{decision="deny",reason="purpose_not_granted",upstream="echo"}' in metrics
     ready = httpx.get(f"{gateway_stack.url('echo')}/.valetkey/readyz").json()
     assert ready["checks"] == {"secret": True, "egress": True, "jwks": True}
+
+
+def test_no_secret_or_token_in_any_log_record(gateway_stack: Stack, bundle: dict[str, Any],
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    """Query placement puts the secret in the upstream URL: no logger may print that URL."""
+    caplog.set_level(logging.DEBUG)
+    token = bundle["env"]["QUERIED_TOKEN"]
+    assert httpx.get(f"{gateway_stack.url('queried')}/v1/items", params={"key": token}).status_code == 200
+    httpx.get(f"{gateway_stack.url('queried')}/v1/admin", params={"key": token})
+    httpx.get(f"{gateway_stack.url('queried')}/v1/items", params={"key": GHP})
+    text = caplog.text + json.dumps([r.getMessage() for r in caplog.records])
+    assert "request_id" in text  # the audit lines were captured
+    for secret in secrets_of(gateway_stack):
+        assert secret not in text
+    assert token not in text
+    assert GHP not in text

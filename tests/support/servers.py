@@ -13,24 +13,32 @@ from broker.localstack import free_port
 
 
 class ThreadedServer:
-    def __init__(self, app: Any, port: int | None = None, http: Any = "h11") -> None:
+    def __init__(self, app: Any, port: int | None = None, http: Any = "h11", **options: Any) -> None:
         self.port = port or free_port()
         config = uvicorn.Config(
             app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
-            access_log=False, http=http,
+            access_log=False, http=http, **options,
         )
         self.server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self.server.run, daemon=True)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.exit_code: int | None = None
+
+    def _run(self) -> None:
+        try:
+            self.server.run()
+        except SystemExit as exc:  # uvicorn exits when the app's start-up fails
+            self.exit_code = int(exc.code or 0)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.server.config.ssl_certfile else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     def start(self) -> ThreadedServer:
         self._thread.start()
         deadline = time.monotonic() + 10
         while not self.server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
+            if self.server.should_exit or not self._thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"server on port {self.port} did not start")
             time.sleep(0.01)
         return self
