@@ -5,8 +5,8 @@ connections; every success for what the upstream saw and what the client did not
 from __future__ import annotations
 
 import base64
-import logging
 import json
+import logging
 import socket
 import string
 from collections.abc import Iterator
