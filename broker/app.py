@@ -147,7 +147,8 @@ async def get_run(request: Request) -> Response:
 async def end_run(request: Request) -> Response:
     caller, record = await _owned_run(request)
     ended = await services(request).runs.end(record.run_id, caller.name)
-    event("run_ended", run=record.run_id, runtime=record.runtime, by=caller.name)
+    if record.state != ended.state:  # a repeated DELETE changes nothing and logs nothing
+        event("run_ended", run=record.run_id, runtime=record.runtime, by=caller.name)
     return JSONResponse(ended.to_json())
 
 
@@ -166,7 +167,8 @@ async def healthz(request: Request) -> Response:
 
 async def readyz(request: Request) -> Response:
     svc = services(request)
-    checks = {"vault": await svc.vault.healthy(), "redis": await svc.runs.ping()}
+    checks = {"vault": await svc.vault.healthy(), "vault_token": await svc.vault.token_valid(),
+              "redis": await svc.runs.ping()}
     ok = all(checks.values())
     body: dict[str, Any] = {"status": "ready" if ok else "not_ready", "checks": checks}
     if not ok:

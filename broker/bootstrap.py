@@ -132,11 +132,11 @@ def vault_errors(addr: str, action: str) -> Iterator[None]:
 
 
 def bootstrap_vault(
-    addr: str, token: str, policies: PolicySet, layout: Layout | None = None
+    addr: str, token: str, policies: PolicySet, layout: Layout | None = None, hcl_dir: Path = HCL_DIR
 ) -> BootstrapReport:
     """Open a client on ``addr`` with ``token`` and run ``bootstrap``."""
     with open_client(addr, token) as client:
-        return bootstrap(client, policies, layout)
+        return bootstrap(client, policies, layout, hcl_dir)
 
 
 def bootstrap(

@@ -52,7 +52,13 @@ def vault() -> None:
     default=None,
     help="Policy directory [default: $VALETKEY_POLICY_DIR, else the shipped policies].",
 )
-def vault_bootstrap(policy_dir: Path | None) -> None:
+@click.option(
+    "--hcl-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Directory of the HCL policy templates [default: deploy/vault of this checkout].",
+)
+def vault_bootstrap(policy_dir: Path | None, hcl_dir: Path | None) -> None:
     """Create or check mounts, the signing key, ACL policies and roles; safe to run again."""
     import os
 
@@ -75,7 +81,9 @@ def vault_bootstrap(policy_dir: Path | None) -> None:
             click.echo(f"error: {problem}", err=True)
         sys.exit(1)
     try:
-        report = bootstrap_vault(addr, token, loaded)
+        from broker.bootstrap import HCL_DIR
+
+        report = bootstrap_vault(addr, token, loaded, hcl_dir=hcl_dir or HCL_DIR)
     except ValetkeyError as exc:
         click.echo(f"error: {exc.detail}", err=True)
         sys.exit(1)

@@ -1,6 +1,6 @@
 """The run token contract (RFC 9068 style access tokens) and minting through Vault transit.
 
-A token is a compact JWS: header ``{"alg": "EdDSA", "typ": "at+jwt", "kid": "<key>:v<n>"}``,
+A token is a compact JWS: header ``{"alg": "Ed25519", "typ": "at+jwt", "kid": "<key>:v<n>"}``,
 claims ``iss, sub (run id), aud (one gateway), exp, nbf, iat, jti, client_id (runtime),
 grants [{purpose, params}]``. The private key never leaves Vault: we build the signing input,
 transit signs it, and we assemble the JWS. Verification lives beside this in ``broker.verify``.

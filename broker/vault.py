@@ -91,6 +91,14 @@ class VaultClient:
             return False
         return response.status_code == 200
 
+    async def token_valid(self) -> bool:
+        """Is our own token still accepted? (readiness: an expired broker token fails closed)."""
+        try:
+            response = await self._request("GET", "auth/token/lookup-self")
+        except Unavailable:
+            return False
+        return response.status_code == 200
+
     async def lookup_token(self, token: str) -> dict[str, Any] | None:
         """Look up a caller's token with our own; None when Vault says it is not a valid token."""
         response = await self._request("POST", "auth/token/lookup", {"token": token})

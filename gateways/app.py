@@ -12,6 +12,7 @@ itself; no upstream path starts with ``/.valetkey/``.
 from __future__ import annotations
 
 import json
+import ssl
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,7 +88,10 @@ class Gateway:
               ) -> Gateway:
         vault = VaultClient(settings.vault_addr, settings.vault_token or Secret(""))
         redis = aioredis.Redis.from_url(settings.redis_url, socket_timeout=2.0)
-        http = httpx.AsyncClient(timeout=5.0, trust_env=False)
+        broker_tls: ssl.SSLContext | bool = (
+            ssl.create_default_context(cafile=settings.broker_ca_file) if settings.broker_ca_file else True
+        )
+        http = httpx.AsyncClient(timeout=5.0, trust_env=False, verify=broker_tls)
         keys = KeyCache(http_fetcher(f"{settings.broker_url}/.well-known/jwks.json", http),
                         max_age=settings.jwks_max_age)
         metrics = Metrics()

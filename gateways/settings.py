@@ -41,6 +41,7 @@ class GatewaySettings:
     total_timeout: float = 900.0
     default_max_body: int = 16 * 1024 * 1024
     upstream_ca_file: str | None = None
+    broker_ca_file: str | None = None
     audit_stream: str = "valetkey:audit"
     audit_maxlen: int = 100_000
 
@@ -76,16 +77,17 @@ class GatewaySettings:
             connect_timeout=float(_duration(env, "VALETKEY_CONNECT_TIMEOUT", "5s")),
             read_timeout=float(_duration(env, "VALETKEY_READ_TIMEOUT", "120s")),
             total_timeout=float(_duration(env, "VALETKEY_TOTAL_TIMEOUT", "15m")),
-            upstream_ca_file=_ca_file(env),
+            upstream_ca_file=_ca_file(env, "VALETKEY_UPSTREAM_CA_FILE"),
+            broker_ca_file=_ca_file(env, "VALETKEY_BROKER_CA_FILE"),
             audit_maxlen=_int("VALETKEY_AUDIT_MAXLEN", env.get("VALETKEY_AUDIT_MAXLEN", "100000"),
                               1000, 100_000_000),
         )
 
 
-def _ca_file(env: Mapping[str, str]) -> str | None:
-    path = env.get("VALETKEY_UPSTREAM_CA_FILE", "")
+def _ca_file(env: Mapping[str, str], key: str) -> str | None:
+    path = env.get(key, "")
     if path and not Path(path).is_file():
-        raise SettingsError(f"VALETKEY_UPSTREAM_CA_FILE: {path!r} is not a file")
+        raise SettingsError(f"{key}: {path!r} is not a file")
     return path or None
 
 

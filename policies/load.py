@@ -64,7 +64,13 @@ _UniqueKeyLoader.add_constructor(
 
 
 def policy_files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
+    """YAML files under ``directory``, skipping hidden files and directories (a Kubernetes
+    ConfigMap volume keeps a second copy of every file under ``..<timestamp>/``)."""
+    return sorted(
+        p for p in directory.rglob("*")
+        if p.suffix in (".yaml", ".yml") and p.is_file()
+        and not any(part.startswith(".") for part in p.relative_to(directory).parts)
+    )
 
 
 def load_policy_dir(directory: str | Path) -> PolicySet:

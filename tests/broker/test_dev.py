@@ -47,7 +47,7 @@ def test_dev_stack_up_demo_and_clean_stop(tmp_path: Path) -> None:
         assert "OPENAI_API_KEY=" in text
         assert "GITHUB_TOKEN=" in text
         ready = httpx.get(f"http://127.0.0.1:{ports[2]}/readyz", timeout=5)
-        assert ready.json()["checks"] == {"vault": True, "redis": True}
+        assert ready.json()["checks"] == {"vault": True, "vault_token": True, "redis": True}
     finally:
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=30)

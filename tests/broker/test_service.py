@@ -117,8 +117,21 @@ def test_readyz_fails_closed_without_redis(bootstrapped_vault: Any) -> None:
     with ThreadedServer(create_app(settings)) as server:
         response = httpx.get(f"{server.url}/readyz")
         assert response.status_code == 503
-        assert response.json()["checks"] == {"vault": True, "redis": False}
+        assert response.json()["checks"] == {"vault": True, "vault_token": True, "redis": False}
         minted = httpx.post(f"{server.url}/v1/runs", json={"grants": [{"upstream": "slack",
                             "purpose": "post_message"}]},
                             headers={"X-Vault-Token": bootstrapped_vault.runtime_token("notifier")})
         assert (minted.status_code, minted.json()["error"]) == (503, "redis_unavailable")
+
+
+def test_readyz_fails_when_the_broker_token_is_refused(bootstrapped_vault: Any, redis_server: Any) -> None:
+    from broker.app import create_app
+    from tests.broker.conftest import broker_settings
+    from tests.support.servers import ThreadedServer
+
+    settings = broker_settings(bootstrapped_vault, redis_server.url)
+    settings = type(settings)(**{**settings.__dict__, "vault_token": type(settings.vault_token)("s.revoked")})
+    with ThreadedServer(create_app(settings)) as server:
+        response = httpx.get(f"{server.url}/readyz")
+    assert response.status_code == 503
+    assert response.json()["checks"]["vault_token"] is False

@@ -381,3 +381,14 @@ def test_loaded_collections_are_immutable() -> None:
     assert isinstance(clone.paths, tuple)
     assert isinstance(clone.params, tuple)
     assert isinstance(policy.runtimes["fixture-agent"].allow["git-host"], frozenset)
+
+
+def test_hidden_directories_are_skipped(tmp_path: Path) -> None:
+    """A Kubernetes ConfigMap volume keeps a second copy of each file under ``..<timestamp>/``."""
+    import shutil
+
+    shutil.copytree(VALID, tmp_path / "policies")
+    shutil.copytree(VALID, tmp_path / "policies" / "..2026_11_30_01_00_00.123")
+    (tmp_path / "policies" / ".hidden.yaml").write_text("not: [valid")
+    loaded = load_policy_dir(tmp_path / "policies")
+    assert set(loaded.upstreams) == {"git-host", "weather"}
