@@ -37,6 +37,10 @@ def policy_check(directory: Path) -> None:
     for rt in policies.runtimes.values():
         allowed = {k: sorted(v) for k, v in rt.allow.items()}
         click.echo(f"runtime {rt.name}: max_ttl={rt.max_ttl}s allow={allowed}")
+    alerting = policies.alerting
+    thresholds = ", ".join(f"{k}={t.count}/{t.window}s" for k, t in alerting.thresholds.items())
+    click.echo(f"alerts: {thresholds}; auto_revoke={sorted(k.value for k in alerting.auto_revoke)}"
+               + (f"; webhook={alerting.webhook_url}" if alerting.webhook_url else ""))
     click.echo(f"ok: {len(policies.upstreams)} upstream(s), {len(policies.runtimes)} runtime(s)")
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from policies import units
+from policies import alerting, units
 from policies.model import (
     Identity,
     Injection,
@@ -112,7 +112,7 @@ def upstream(doc: dict[str, Any], r: Report) -> Upstream | None:
     known = _keys(
         doc, rule,
         {"version", "kind", "name", "base_url", "secret", "inject", "env", "purposes"},
-        {"allow_private", "description"}, r,
+        {"allow_private", "description", "run_limits"}, r,
     )
     name = _string(doc["name"], f"{rule} name", r, NAME) if "name" in doc else None
     if not known or name is None or not _description(doc, rule, r):
@@ -126,12 +126,15 @@ def upstream(doc: dict[str, Any], r: Report) -> Upstream | None:
     if not isinstance(allow_private, bool):
         r.add(f"{rule} allow_private", "expected true or false", "write `allow_private: false`")
         return None
+    limits = alerting.run_limits(doc.get("run_limits", {}), f"{rule} run_limits", r)
     if url is None or secret is None or injection is None or env is None or purposes is None:
+        return None
+    if limits is None:
         return None
     return Upstream(
         name=name, base_url=url.url, scheme=url.scheme, host=url.host, port=url.port, secret=secret,
         injection=injection, env=env, purposes=MappingProxyType(purposes),
-        allow_private=allow_private, source=r.file,
+        allow_private=allow_private, run_limits=limits, source=r.file,
     )
 
 

@@ -15,7 +15,8 @@ from typing import Any
 import yaml
 
 from policies import checks
-from policies.model import POLICY_VERSION, PolicySet, Runtime, Upstream
+from policies.alerting import alerts
+from policies.model import POLICY_VERSION, Alerting, PolicySet, Runtime, Upstream
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ def load_policy_files(files: list[Path]) -> PolicySet:
     problems: list[Problem] = []
     upstreams: dict[str, Upstream] = {}
     runtimes: dict[str, Runtime] = {}
+    alerting: list[Alerting] = []
     for path in files:
         for index, doc in _documents(path, problems):
             report = checks.Report(str(path), problems)
@@ -105,15 +107,24 @@ def load_policy_files(files: list[Path]) -> PolicySet:
                 runtime = checks.runtime(doc, report)
                 if runtime is not None:
                     _add_unique(runtimes, runtime.name, runtime, "runtime", report)
+            elif kind == "alerts":
+                found = alerts(doc, report)
+                if found is not None and alerting:
+                    report.add("alerts", f"a second alerts document (first in {alerting[0].source})",
+                               "keep one alerts document per policy directory")
+                elif found is not None:
+                    alerting.append(found)
             else:
                 report.add(
-                    f"{where} kind", f"kind is {kind!r}", "set `kind: upstream` or `kind: runtime`"
+                    f"{where} kind", f"kind is {kind!r}",
+                    "set `kind: upstream`, `kind: runtime` or `kind: alerts`",
                 )
     if not problems:
         checks.cross_references(upstreams, runtimes, problems)
     if problems:
         raise PolicyLoadError(problems)
-    return PolicySet(upstreams=MappingProxyType(upstreams), runtimes=MappingProxyType(runtimes))
+    return PolicySet(upstreams=MappingProxyType(upstreams), runtimes=MappingProxyType(runtimes),
+                     alerting=alerting[0] if alerting else Alerting())
 
 
 def _version_ok(doc: dict[Any, Any], where: str, report: checks.Report) -> bool:

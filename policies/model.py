@@ -75,6 +75,14 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class RunLimits:
+    """Optional totals for one run at one upstream."""
+
+    requests: int | None = None
+    bytes_out: int | None = None
+
+
+@dataclass(frozen=True)
 class Purpose:
     name: str
     why: str
@@ -108,6 +116,7 @@ class Upstream:
     env: SandboxEnv
     purposes: Mapping[str, Purpose]
     allow_private: bool = False
+    run_limits: RunLimits = field(default_factory=lambda: RunLimits())
     source: str = ""
 
     @property
@@ -137,7 +146,42 @@ class Runtime:
         return purpose in self.allow.get(upstream, frozenset())
 
 
+class AlertKind(StrEnum):
+    """Detectors over a run's recent decisions; the value is the alert's stable name."""
+
+    DENIAL_BURST = "denial_burst"
+    PROBING = "probing"
+    CREDENTIAL_PASSTHROUGH = "credential_passthrough"
+    SECRET_ECHOED = "secret_echoed"  # noqa: S105 - an alert name, not a secret
+    BUDGET_EXHAUSTED = "budget_exhausted"
+
+
+@dataclass(frozen=True)
+class Threshold:
+    count: int
+    window: int  # seconds
+
+
+@dataclass(frozen=True)
+class Alerting:
+    """Alert thresholds, which alerts revoke the run by themselves, and where alerts are sent."""
+
+    thresholds: Mapping[AlertKind, Threshold] = field(default_factory=lambda: MappingProxyType({
+        AlertKind.DENIAL_BURST: Threshold(10, 60),
+        AlertKind.PROBING: Threshold(5, 300),
+        AlertKind.CREDENTIAL_PASSTHROUGH: Threshold(1, 3600),
+        AlertKind.SECRET_ECHOED: Threshold(1, 3600),
+        AlertKind.BUDGET_EXHAUSTED: Threshold(1, 3600),
+    }))
+    auto_revoke: frozenset[AlertKind] = frozenset(
+        {AlertKind.CREDENTIAL_PASSTHROUGH, AlertKind.DENIAL_BURST}
+    )
+    webhook_url: str = ""
+    source: str = ""
+
+
 @dataclass(frozen=True)
 class PolicySet:
     upstreams: Mapping[str, Upstream] = field(default_factory=lambda: MappingProxyType({}))
     runtimes: Mapping[str, Runtime] = field(default_factory=lambda: MappingProxyType({}))
+    alerting: Alerting = field(default_factory=Alerting)
