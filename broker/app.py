@@ -26,11 +26,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from broker import bundle
+from broker.admin import ROUTES as ADMIN_ROUTES
+from broker.admin import end_run_artifacts
 from broker.callers import Caller, CallerAuthenticator
-from broker.errors import BadRequest, NotFound, PayloadTooLarge, Reason, ValetkeyError
+from broker.errors import BadRequest, Forbidden, NotFound, PayloadTooLarge, Reason, ValetkeyError
 from broker.grants import parse_run_request
 from broker.jwks import jwks_from_transit
 from broker.openapi import OPENAPI
+from broker.revocations import RevocationStore
 from broker.runs import RunRecord, RunRegistry, new_run_id
 from broker.settings import BrokerSettings
 from broker.tokens import AccessClaims, TransitSigner
@@ -51,6 +54,7 @@ class Services:
     runs: RunRegistry
     signer: TransitSigner
     callers: CallerAuthenticator
+    revocations: RevocationStore
 
     @classmethod
     def build(cls, settings: BrokerSettings, policies: PolicySet | None = None) -> Services:
@@ -66,6 +70,7 @@ class Services:
             callers=CallerAuthenticator(
                 vault, policies, settings.admin_policy, settings.caller_cache_ttl
             ),
+            revocations=RevocationStore(client),
         )
 
     async def aclose(self) -> None:
@@ -109,6 +114,9 @@ async def create_run(request: Request) -> Response:
     run_request = parse_run_request(
         await read_json(request), runtime, svc.policies, svc.settings.default_ttl
     )
+    block = (await svc.revocations.snapshot()).blocking(runtime.name, run_request.by_upstream)
+    if block is not None:
+        raise Forbidden(f"minting is revoked ({block.key}): {block.why}", Reason.REVOKED)
     run_id, now = new_run_id(), int(time.time())
     claims = [
         AccessClaims.new(
@@ -146,8 +154,10 @@ async def get_run(request: Request) -> Response:
 
 async def end_run(request: Request) -> Response:
     caller, record = await _owned_run(request)
-    ended = await services(request).runs.end(record.run_id, caller.name)
+    svc = services(request)
+    ended = await svc.runs.end(record.run_id, caller.name)
     if record.state != ended.state:  # a repeated DELETE changes nothing and logs nothing
+        await end_run_artifacts(svc, record, caller.name, "run ended")
         event("run_ended", run=record.run_id, runtime=record.runtime, by=caller.name)
     return JSONResponse(ended.to_json())
 
@@ -206,6 +216,7 @@ def create_app(settings: BrokerSettings, policies: PolicySet | None = None) -> S
             await svc.aclose()
 
     routes = [
+        *ADMIN_ROUTES,
         Route("/v1/runs", create_run, methods=["POST"]),
         Route("/v1/runs/{run_id}", get_run, methods=["GET"]),
         Route("/v1/runs/{run_id}", end_run, methods=["DELETE"]),

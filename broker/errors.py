@@ -7,6 +7,7 @@
     ├── NotFound                  404
     ├── MethodNotAllowed          405
     ├── PayloadTooLarge           413
+    ├── TooManyRequests           429  over a budget; carries Retry-After
     ├── UpstreamError             502  a dependency (Vault, Redis, upstream) failed
     ├── GatewayTimeout            504  the upstream did not answer in time
     └── Unavailable               503  fail-closed: state we rely on cannot be confirmed
@@ -50,6 +51,11 @@ class Reason(StrEnum):
     # tokens
     INVALID_TOKEN = "invalid_token"  # noqa: S105 - a reason code, not a secret
     AUDIENCE_MISMATCH = "audience_mismatch"
+    TOKEN_REVOKED = "token_revoked"  # noqa: S105 - a reason code, not a secret
+    # revocation and budgets
+    REVOKED = "revoked"
+    REVOCATION_STATE_STALE = "revocation_state_stale"
+    BUDGET_EXCEEDED = "budget_exceeded"
     # dependencies
     VAULT_UNAVAILABLE = "vault_unavailable"
     REDIS_UNAVAILABLE = "redis_unavailable"
@@ -135,6 +141,11 @@ class MethodNotAllowed(ValetkeyError):
 class PayloadTooLarge(ValetkeyError):
     status = 413
     default_reason = Reason.BODY_TOO_LARGE
+
+
+class TooManyRequests(ValetkeyError):
+    status = 429
+    default_reason = Reason.BUDGET_EXCEEDED
 
 
 class UpstreamError(ValetkeyError):

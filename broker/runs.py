@@ -41,6 +41,7 @@ class RunRecord:
     ended_at: int | None = None
     ended_by: str | None = None
     audiences: list[str] = field(default_factory=list)
+    vault_accessors: list[str] = field(default_factory=list)  # Vault tokens created for this run
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,6 +91,17 @@ class RunRegistry:
         key = KEY_PREFIX + run_id
         await _redis(lambda: self._redis.set(key, json.dumps(ended.to_json()), keepttl=True))
         return ended
+
+    async def attach_vault_accessor(self, run_id: str, accessor: str) -> RunRecord:
+        """Record a Vault token created for this run; ending the run revokes it."""
+        record = await self.get(run_id)
+        if record is None:
+            raise NotFound("no such run")
+        updated = RunRecord(**{**record.to_json(),
+                               "vault_accessors": [*record.vault_accessors, accessor]})
+        key = KEY_PREFIX + run_id
+        await _redis(lambda: self._redis.set(key, json.dumps(updated.to_json()), keepttl=True))
+        return updated
 
     async def require_live(self, claims: AccessClaims) -> None:
         """The run check for token verification: the run exists, is active, and matches."""

@@ -99,6 +99,21 @@ class VaultClient:
             return False
         return response.status_code == 200
 
+    async def create_run_token(self, role: str, ttl: int, meta: dict[str, str]) -> tuple[Secret, str]:
+        """A Vault token from the run token role; returns (token, accessor)."""
+        response = await self._request(
+            "POST", f"auth/token/create/{role}", {"ttl": f"{ttl}s", "meta": meta, "no_parent": True}
+        )
+        auth = response.json().get("auth") if response.status_code == 200 else None
+        if not isinstance(auth, dict) or not auth.get("client_token"):
+            raise UpstreamError(f"run token creation refused with {response.status_code}")
+        return Secret(auth["client_token"]), str(auth["accessor"])
+
+    async def revoke_accessor(self, accessor: str) -> None:
+        response = await self._request("POST", "auth/token/revoke-accessor", {"accessor": accessor})
+        if response.status_code not in (200, 204):
+            raise UpstreamError(f"revoking a run's Vault token failed with {response.status_code}")
+
     async def lookup_token(self, token: str) -> dict[str, Any] | None:
         """Look up a caller's token with our own; None when Vault says it is not a valid token."""
         response = await self._request("POST", "auth/token/lookup", {"token": token})

@@ -21,19 +21,21 @@ import redis.asyncio as aioredis
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from broker.jwks import KeyCache, http_fetcher
-from broker.runs import RunRegistry
 from broker.secret import Secret
 from broker.vault import VaultClient
 from broker.verify import TokenVerifier
+from gateways.alerts import Detectors, WebhookSender
 from gateways.audit import AuditSink, Metrics
+from gateways.budget import Budgets
 from gateways.egress import PinnedResolver, Resolver
 from gateways.patterns import CredentialScanner
 from gateways.pipeline import Receive, Send, handle, new_exchange
 from gateways.redact import Redactor
+from gateways.revocation import RevocationWatcher
 from gateways.secrets import SecretStore
 from gateways.settings import GatewaySettings
 from gateways.upstream import UpstreamClient
-from policies.model import Injection, Placement, Upstream
+from policies.model import Alerting, Injection, Placement, Upstream
 
 RESERVED_PREFIX = "/.valetkey/"
 
@@ -63,6 +65,10 @@ class Gateway:
     audit: AuditSink
     metrics: Metrics
     http: httpx.AsyncClient
+    revocations: RevocationWatcher
+    budgets: Budgets
+    detectors: Detectors
+    webhook: WebhookSender
     _scanner: tuple[int, CredentialScanner] | None = field(default=None, repr=False)
     _redactor: tuple[int, Redactor] | None = field(default=None, repr=False)
 
@@ -84,8 +90,8 @@ class Gateway:
         return self._redactor[1]
 
     @classmethod
-    def build(cls, settings: GatewaySettings, upstream: Upstream, resolver: Resolver | None = None
-              ) -> Gateway:
+    def build(cls, settings: GatewaySettings, upstream: Upstream, resolver: Resolver | None = None,
+              alerting: Alerting | None = None) -> Gateway:
         vault = VaultClient(settings.vault_addr, settings.vault_token or Secret(""))
         redis = aioredis.Redis.from_url(settings.redis_url, socket_timeout=2.0)
         broker_tls: ssl.SSLContext | bool = (
@@ -95,6 +101,13 @@ class Gateway:
         keys = KeyCache(http_fetcher(f"{settings.broker_url}/.well-known/jwks.json", http),
                         max_age=settings.jwks_max_age)
         metrics = Metrics()
+        policy = alerting or Alerting()
+        revocations = RevocationWatcher(redis, max_stale=settings.revocation_max_stale)
+        webhook = WebhookSender(settings.alert_webhook_url or policy.webhook_url,
+                                settings.alert_webhook_secret, http)
+        audit = AuditSink(redis, settings.audit_stream, settings.audit_maxlen, metrics)
+        detectors = Detectors(redis, policy, webhook)
+        audit.observer = detectors.observe
         return cls(
             settings=settings, upstream=upstream, vault=vault, redis=redis,
             secrets=SecretStore(vault, upstream.secret, role_id=settings.approle_role_id,
@@ -104,14 +117,16 @@ class Gateway:
                                     resolver=resolver),
             keys=keys,
             verifier=TokenVerifier(issuer=settings.issuer, audience=upstream.name, keys=keys,
-                                   run_check=RunRegistry(redis).require_live),
+                                   run_check=revocations.run_check),
             client=UpstreamClient(upstream, connect=settings.connect_timeout, read=settings.read_timeout,
                                   ca_file=settings.upstream_ca_file),
-            audit=AuditSink(redis, settings.audit_stream, settings.audit_maxlen, metrics),
-            metrics=metrics, http=http,
+            audit=audit, metrics=metrics, http=http, revocations=revocations,
+            budgets=Budgets(redis, upstream), detectors=detectors, webhook=webhook,
         )
 
     async def start(self) -> None:
+        await self.revocations.start()
+        await self.webhook.start()
         await self.secrets.start()
         await self.resolver.start()
         await self.keys.refresh(force=True)
@@ -119,6 +134,8 @@ class Gateway:
 
     async def stop(self) -> None:
         await self.audit.stop()
+        await self.webhook.stop()
+        await self.revocations.stop()
         await self.secrets.stop()
         await self.resolver.stop()
         await self.client.aclose()
@@ -130,10 +147,11 @@ class Gateway:
 class GatewayApp:
     """The ASGI callable: lifespan, reserved endpoints, and the pipeline for everything else."""
 
-    def __init__(self, settings: GatewaySettings, upstream: Upstream, resolver: Resolver | None = None
-                 ) -> None:
+    def __init__(self, settings: GatewaySettings, upstream: Upstream, resolver: Resolver | None = None,
+                 alerting: Alerting | None = None) -> None:
         self.settings = settings
         self.upstream = upstream
+        self.alerting = alerting
         self.resolver = resolver  # a DNS seam for tests; production uses the system resolver
         self.startup_error: str = ""
         self.gateway: Gateway | None = None
@@ -153,7 +171,7 @@ class GatewayApp:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                gateway = Gateway.build(self.settings, self.upstream, self.resolver)
+                gateway = Gateway.build(self.settings, self.upstream, self.resolver, self.alerting)
                 try:
                     await gateway.start()
                 except Exception as exc:
@@ -183,7 +201,7 @@ class GatewayApp:
             return
         if path == "readyz":
             checks = {"secret": _ok(gw.secrets.current), "egress": _ok(gw.resolver.current),
-                      "jwks": bool(gw.keys.kids)}
+                      "jwks": bool(gw.keys.kids), "revocations": gw.revocations.fresh}
             ok = all(checks.values())
             body = {"status": "ready" if ok else "not_ready", "upstream": gw.upstream.name, "checks": checks}
             await _reply(send, 200 if ok else 503, json.dumps(body).encode())

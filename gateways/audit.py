@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from urllib.parse import parse_qsl, quote
 
@@ -20,7 +21,10 @@ import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from redis.exceptions import RedisError
 
+from broker.errors import ValetkeyError
+
 log = logging.getLogger("valetkey.audit")
+Observer = Callable[["AuditRecord", int], Awaitable[None]]
 QUEUE_SIZE = 10_000
 
 
@@ -97,15 +101,16 @@ class AuditSink:
         self._stream = stream
         self._maxlen = maxlen
         self._metrics = metrics
-        self._queue: asyncio.Queue[AuditRecord] = asyncio.Queue(QUEUE_SIZE)
+        self._queue: asyncio.Queue[tuple[AuditRecord, int]] = asyncio.Queue(QUEUE_SIZE)
         self._task: asyncio.Task[None] | None = None
+        self.observer: Observer | None = None  # the alert detectors, fed after each batch
 
-    def write(self, record: AuditRecord) -> None:
+    def write(self, record: AuditRecord, run_expires: int = 0) -> None:
         line = record.to_json()
         log.info(line)
         self._metrics.observe(record)
         try:
-            self._queue.put_nowait(record)
+            self._queue.put_nowait((record, run_expires))
         except asyncio.QueueFull:
             self._metrics.audit_dropped.labels(record.upstream).inc()
 
@@ -127,9 +132,12 @@ class AuditSink:
             while not self._queue.empty() and len(batch) < 256:
                 batch.append(self._queue.get_nowait())
             try:
-                await self._write(batch)
-            except (RedisError, OSError):
-                for record in batch:
+                await self._write([record for record, _ in batch])
+                if self.observer is not None:
+                    for record, run_expires in batch:
+                        await self.observer(record, run_expires)
+            except (RedisError, OSError, ValetkeyError):
+                for record, _ in batch:
                     self._metrics.audit_dropped.labels(record.upstream).inc()
                 log.warning('{"event":"audit_stream_write_failed","lines":%d}', len(batch))
                 await asyncio.sleep(0.5)
@@ -141,6 +149,6 @@ class AuditSink:
         async with self._redis.pipeline(transaction=False) as pipe:
             for record in batch:
                 pipe.xadd(self._stream, {"line": record.to_json(), "run": record.run,
-                                         "runtime": record.runtime},
+                                         "runtime": record.runtime, "kind": "request"},
                           maxlen=self._maxlen, approximate=True)
             await pipe.execute()

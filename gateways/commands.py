@@ -49,7 +49,8 @@ def gateway_serve(upstream: str, workers: int, log_level: str) -> None:
         sock = cfg.bind_socket()
         uvicorn.supervisors.Multiprocess(cfg, sockets=[sock]).run()
         return
-    server = uvicorn.Server(config(GatewayApp(settings, policies.upstreams[upstream]), settings.host,
+    app = GatewayApp(settings, policies.upstreams[upstream], alerting=policies.alerting)
+    server = uvicorn.Server(config(app, settings.host,
                                    settings.port, log_level))
     server.run()
     if not server.started:

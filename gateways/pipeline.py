@@ -207,12 +207,24 @@ async def dial_and_stream(gw: Gateway, ex: Exchange) -> None:
     if ex.path is None:
         raise BadRequest("no path", Reason.INVALID_REQUEST)
     raw_target = ex.path.raw.encode() + (b"?" + ex.upstream_query if ex.upstream_query else b"")
+    untrack = gw.revocations.track(ex.claims) if ex.claims else (lambda: None)
     try:
         async with asyncio.timeout(gw.settings.total_timeout):
             await _exchange(gw, ex, target.address, raw_target)
     except TimeoutError:
         raise GatewayTimeout("the exchange exceeded the total time limit", Reason.UPSTREAM_TIMEOUT) from None
+    finally:
+        untrack()
+        if ex.claims is not None and ex.record.bytes_out:
+            await gw.budgets.add_bytes(ex.claims, ex.record.bytes_out, time.time())
     ex.record.decision, ex.record.reason = "allow", Reason.OK.value
+
+
+async def charge_budget(gw: Gateway, ex: Exchange) -> None:
+    """Take one request from the run's rate limit for this purpose and its totals at this
+    upstream (atomic in Redis, shared by every replica). Reason: budget_exceeded (429)."""
+    if ex.claims is not None and ex.purpose is not None:
+        await gw.budgets.charge(ex.claims, ex.purpose, time.time())
 
 
 async def _exchange(gw: Gateway, ex: Exchange, address: str, raw_target: bytes) -> None:
@@ -253,6 +265,7 @@ STEPS: tuple[Callable[[Gateway, Exchange], Awaitable[None]], ...] = (
     refuse_passthrough,
     authenticate,
     authorize,
+    charge_budget,
     read_body,
     inject_secret,
     dial_and_stream,
@@ -269,6 +282,13 @@ async def handle(gw: Gateway, ex: Exchange) -> None:
         ex.record.reason = exc.code
         if not ex.response_started:
             await send_error(ex, exc)
+    except asyncio.CancelledError as cancel:
+        # the revocation watcher cancels streams of a run revoked mid-response: cut, not crash
+        task = asyncio.current_task()
+        if not str(cancel.args[0] if cancel.args else "").startswith("revoked") or task is None:
+            raise
+        task.uncancel()
+        ex.record.decision, ex.record.reason = "deny", Reason.TOKEN_REVOKED.value
     except Exception as exc:  # a bug: answer without details, record it, keep serving
         ex.record.decision, ex.record.reason = "error", "internal_error"
         log.error('{"event":"internal_error","request_id":"%s","type":"%s"}',
@@ -277,7 +297,7 @@ async def handle(gw: Gateway, ex: Exchange) -> None:
             await send_error(ex, UpstreamError("internal gateway error", Reason.INTERNAL_ERROR))
     finally:
         ex.record.duration_ms = round((time.perf_counter() - ex.started) * 1000, 3)
-        gw.audit.write(ex.record)
+        gw.audit.write(ex.record, ex.claims.exp if ex.claims else 0)
 
 
 async def send_error(ex: Exchange, exc: ValetkeyError) -> None:

@@ -44,5 +44,5 @@ def from_env() -> Any:
 
     name = os.environ["VALETKEY_GATEWAY_UPSTREAM"]
     settings = GatewaySettings.from_env(name)
-    upstream = load_policy_dir(settings.policy_dir).upstreams[name]
-    return GatewayApp(settings, upstream)
+    policies = load_policy_dir(settings.policy_dir)
+    return GatewayApp(settings, policies.upstreams[name], alerting=policies.alerting)

@@ -42,6 +42,9 @@ class GatewaySettings:
     default_max_body: int = 16 * 1024 * 1024
     upstream_ca_file: str | None = None
     broker_ca_file: str | None = None
+    revocation_max_stale: float = 3.0
+    alert_webhook_url: str = ""
+    alert_webhook_secret: Secret | None = None
     audit_stream: str = "valetkey:audit"
     audit_maxlen: int = 100_000
 
@@ -79,6 +82,11 @@ class GatewaySettings:
             total_timeout=float(_duration(env, "VALETKEY_TOTAL_TIMEOUT", "15m")),
             upstream_ca_file=_ca_file(env, "VALETKEY_UPSTREAM_CA_FILE"),
             broker_ca_file=_ca_file(env, "VALETKEY_BROKER_CA_FILE"),
+            revocation_max_stale=float(_duration(env, "VALETKEY_REVOCATION_MAX_STALE", "3s")),
+            alert_webhook_url=_checked_url("VALETKEY_ALERT_WEBHOOK_URL", env["VALETKEY_ALERT_WEBHOOK_URL"])
+            if env.get("VALETKEY_ALERT_WEBHOOK_URL") else "",
+            alert_webhook_secret=Secret(env["VALETKEY_ALERT_WEBHOOK_SECRET"])
+            if env.get("VALETKEY_ALERT_WEBHOOK_SECRET") else None,
             audit_maxlen=_int("VALETKEY_AUDIT_MAXLEN", env.get("VALETKEY_AUDIT_MAXLEN", "100000"),
                               1000, 100_000_000),
         )

@@ -9,6 +9,7 @@ import json
 import logging
 import socket
 import string
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,7 +24,7 @@ WRITE = {"upstream": "echo", "purpose": "write_item", "params": {"item": "42"}}
 GHP = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"  # shape only, not a real token
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def bundle(gateway_stack: Stack) -> dict[str, Any]:
     return gateway_stack.mint([ITEM, WRITE, {"upstream": "echo", "purpose": "upload"},
                                {"upstream": "keyed", "purpose": "read_items"},
@@ -182,9 +183,21 @@ def test_ended_run_is_refused(gateway_stack: Stack) -> None:
     headers = {"Authorization": f"Bearer {fresh['env']['ECHO_TOKEN']}"}
     assert httpx.get(f"{gateway_stack.url('echo')}/v1/items", headers=headers).status_code == 200
     gateway_stack.end(fresh["run_id"])
+    wait_revoked(gateway_stack, "echo", fresh["run_id"])
     with Refused(gateway_stack, "echo"):
         response = httpx.get(f"{gateway_stack.url('echo')}/v1/items", headers=headers)
-    assert (response.status_code, response.json()["error"]) == (401, "invalid_token")
+    assert (response.status_code, response.json()["error"]) == (401, "token_revoked")
+
+
+def wait_revoked(stack: Stack, name: str, run_id: str) -> None:
+    """Pub/sub delivery is asynchronous: wait (bounded) until this replica has the revocation."""
+    gateway = stack.app(name).gateway
+    assert gateway is not None
+    for _ in range(200):
+        if any(r.name == run_id for r in gateway.revocations.state.records()):
+            return
+        time.sleep(0.005)
+    raise AssertionError("revocation never arrived")
 
 
 def test_api_key_header_placement(gateway_stack: Stack, bundle: dict[str, Any]) -> None:
@@ -312,10 +325,10 @@ def test_audit_lines_for_allowed_and_denied(gateway_stack: Stack, echo: httpx.Cl
         lines = {}
         for _ in range(100):
             entries = client.xrevrange("valetkey:audit", count=200)
-            lines = {json.loads(f[b"line"])["request_id"]: json.loads(f[b"line"]) for _, f in entries}
+            lines = {json.loads(f[b"line"])["request_id"]: json.loads(f[b"line"])
+                     for _, f in entries if f.get(b"kind") == b"request"}
             if set(ids) <= set(lines):
                 break
-            import time
             time.sleep(0.05)
         raw = json.dumps([lines[i] for i in ids])
     finally:
@@ -341,7 +354,7 @@ def test_metrics_count_reasons(gateway_stack: Stack, echo: httpx.Client) -> None
     metrics = httpx.get(f"{gateway_stack.url('echo')}/.valetkey/metrics").text
     assert 'valetkey_gateway_requests_total{decision="deny",reason="purpose_not_granted",upstream="echo"}' in metrics
     ready = httpx.get(f"{gateway_stack.url('echo')}/.valetkey/readyz").json()
-    assert ready["checks"] == {"secret": True, "egress": True, "jwks": True}
+    assert ready["checks"] == {"secret": True, "egress": True, "jwks": True, "revocations": True}
 
 
 def test_no_secret_or_token_in_any_log_record(gateway_stack: Stack, bundle: dict[str, Any],

@@ -248,6 +248,18 @@ def test_jwt_run_tokens_never_match(scanner: CredentialScanner) -> None:
     assert scanner.scan_body(json.dumps({"tokens": tokens}).encode(), "application/json") is None
 
 
+SEGMENT_SHAPED = [name for name, value in FAKES.items() if set(value) <= set(B64URL)]
+
+
+@pytest.mark.parametrize("name", SEGMENT_SHAPED)
+def test_no_match_starts_inside_a_jwt(scanner: CredentialScanner, name: str) -> None:
+    # a match may not start after '.', '-', '_' or an alphanumeric: a segment or its tail never matches
+    fake = FAKES[name]
+    for token in (f"eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJ4In0.{fake}", f"eyJhbGciOiJFUzI1NiJ9.eyJz-{fake}.c2ln"):
+        assert scanner.find(token) is None
+        assert scanner.find(f"Bearer x_{fake}") is None
+
+
 NEGATIVES = [
     pytest.param("", id="empty"),
     pytest.param(str(uuid.UUID(int=random.Random(1).getrandbits(128))), id="uuid"),

@@ -1,0 +1,101 @@
+"""Per-run budgets, atomic in Redis so every replica shares them.
+
+Rates (``limits.rate: N per P`` on a purpose) use an exact sliding-window log: a sorted set of
+request times per (run, purpose), trimmed to the window and checked and added in one Lua script
+using Redis server time, so concurrent requests through any number of replicas never exceed N
+in any window of P seconds. Totals (``run_limits`` on an upstream: requests, bytes out) are
+counters per run. Over budget → 429 ``budget_exceeded`` with ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from broker.errors import Reason, TooManyRequests, Unavailable
+from broker.tokens import AccessClaims
+from policies.model import Purpose, Upstream
+
+PREFIX = "valetkey:budget:"
+
+# KEYS[1] window set, KEYS[2] request total, KEYS[3] bytes total
+# ARGV: limit, period_ms, member, ttl_s, max_requests (0 = none), max_bytes (0 = none)
+# returns {allowed (1/0), retry_after_ms, which (0 rate, 1 requests, 2 bytes)}
+_SCRIPT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local limit, period = tonumber(ARGV[1]), tonumber(ARGV[2])
+local ttl, max_req, max_bytes = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+if max_req > 0 and tonumber(redis.call('GET', KEYS[2]) or '0') >= max_req then
+  return {0, ttl * 1000, 1}
+end
+if max_bytes > 0 and tonumber(redis.call('GET', KEYS[3]) or '0') >= max_bytes then
+  return {0, ttl * 1000, 2}
+end
+if limit > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - period)
+  if redis.call('ZCARD', KEYS[1]) >= limit then
+    local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+    return {0, tonumber(oldest[2]) + period - now, 0}
+  end
+  redis.call('ZADD', KEYS[1], now, ARGV[3])
+  redis.call('PEXPIRE', KEYS[1], period)
+end
+if max_req > 0 then
+  redis.call('INCR', KEYS[2])
+  redis.call('EXPIRE', KEYS[2], ttl)
+end
+return {1, 0, 0}
+"""
+_WHICH = ("rate limit", "request total", "bytes-out total")
+
+
+class Budgets:
+    def __init__(self, client: aioredis.Redis, upstream: Upstream) -> None:
+        self._redis = client
+        self._upstream = upstream
+        self._script: Any = client.register_script(_SCRIPT)
+
+    def applies(self, purpose: Purpose) -> bool:
+        limits = self._upstream.run_limits
+        return purpose.limits.rate is not None or limits.requests is not None or limits.bytes_out is not None
+
+    async def charge(self, claims: AccessClaims, purpose: Purpose, now: float) -> None:
+        """Take one request from the run's budgets, or raise 429 with Retry-After."""
+        if not self.applies(purpose):
+            return
+        rate = purpose.limits.rate
+        run = f"{PREFIX}{claims.sub}:{self._upstream.name}"
+        ttl = max(1, claims.exp - int(now) + 60)
+        args = [rate.count if rate else 0, rate.period * 1000 if rate else 0, secrets.token_hex(8), ttl,
+                self._upstream.run_limits.requests or 0, self._upstream.run_limits.bytes_out or 0]
+        keys = [f"{run}:rate:{purpose.name}", f"{run}:requests", f"{run}:bytes"]
+        try:
+            allowed, retry_ms, which = await self._script(keys=keys, args=args)
+        except (RedisError, OSError) as exc:
+            raise Unavailable(f"budget state unavailable: {type(exc).__name__}",
+                              Reason.REDIS_UNAVAILABLE) from None
+        if not allowed:
+            retry = max(1, math.ceil(int(retry_ms) / 1000))
+            error = TooManyRequests(f"this run's {_WHICH[int(which)]} for {purpose.name} is used up; "
+                                    f"retry in {retry}s", Reason.BUDGET_EXCEEDED)
+            error.headers = {"retry-after": str(retry)}
+            raise error
+
+    async def add_bytes(self, claims: AccessClaims, count: int, now: float) -> None:
+        """Count response bytes toward the run's bytes-out total (after the response)."""
+        if not self._upstream.run_limits.bytes_out or count <= 0:
+            return
+        key = f"{PREFIX}{claims.sub}:{self._upstream.name}:bytes"
+        try:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.incrby(key, count)
+                pipe.expire(key, max(1, claims.exp - int(now) + 60))
+                await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise Unavailable(f"budget state unavailable: {type(exc).__name__}",
+                              Reason.REDIS_UNAVAILABLE) from None
