@@ -207,10 +207,11 @@ def keys_list(mount: str, key_name: str) -> None:
 
 
 def _commands() -> list[click.Command]:
+    from broker.admin_commands import COMMANDS as ADMIN_COMMANDS
     from broker.dev import dev_command
     from gateways.commands import gateway_group
 
-    return [broker_group, run_group, keys_group, dev_command, gateway_group]
+    return [broker_group, run_group, keys_group, dev_command, gateway_group, *ADMIN_COMMANDS]
 
 
 COMMANDS = _commands()

@@ -36,6 +36,9 @@ STREAM = "valetkey:alerts"
 PREFIX = "valetkey:detect:"
 FIRED_TTL = 24 * 3600
 RETRIES = (0.2, 0.5, 1.0, 2.0, 5.0)
+# refusals that say nothing about the agent's intent: a run retrying into its own rate limit has its
+# own alert (budget_exhausted); stale state is ours; a revoked run is already stopped
+NOT_A_DENIAL_SIGNAL = frozenset({"budget_exceeded", "revocation_state_stale", "token_revoked"})
 PROBE_REASONS = frozenset({"purpose_not_granted", "audience_mismatch", "method_refused", "invalid_token",
                            "absolute_form_target", "token_revoked"})
 
@@ -145,7 +148,7 @@ class Detectors:
     def _candidates(self, record: AuditRecord) -> list[tuple[AlertKind, str]]:
         """(detector, member to count) for this decision."""
         found: list[tuple[AlertKind, str]] = []
-        if record.decision == "deny":
+        if record.decision == "deny" and record.reason not in NOT_A_DENIAL_SIGNAL:
             found.append((AlertKind.DENIAL_BURST, record.request_id))
             if record.reason in PROBE_REASONS:
                 found.append((AlertKind.PROBING, f"{record.method} {record.path}"))

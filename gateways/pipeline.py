@@ -114,8 +114,19 @@ async def refuse_passthrough(gw: Gateway, ex: Exchange) -> None:
     finding = gw.scanner().scan_headers(ex.headers) or gw.scanner().scan_query(ex.query)
     if finding is not None:
         ex.record.passthrough = finding.location
+        await _attribute(gw, ex)
         raise Forbidden(f"a real credential was sent in {finding.location}; the sandbox must only "
                         "hold placeholders", Reason.CREDENTIAL_PASSTHROUGH)
+
+
+async def _attribute(gw: Gateway, ex: Exchange) -> None:
+    """Best effort: name the run behind a refused request so its alerts can act on it."""
+    try:
+        token = extract_placeholder(gw.upstream.injection, ex.headers, ex.query, gw.realm)
+        ex.claims = await gw.verifier.verify(token)
+    except ValetkeyError:
+        return
+    ex.record.run, ex.record.runtime = ex.claims.sub, ex.claims.client_id
 
 
 async def authenticate(gw: Gateway, ex: Exchange) -> None:

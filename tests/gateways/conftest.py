@@ -45,6 +45,11 @@ purposes:
     params: [item]
     paths: ["/v1/items/{item}"]
     limits: {max_body: 1KiB}
+  limited:
+    why: A rate-limited read.
+    methods: [GET]
+    paths: ["/v1/limited"]
+    limits: {rate: "5 per 1m"}
   upload:
     why: Upload blobs of any type.
     methods: [POST]
@@ -54,7 +59,8 @@ purposes:
 
 
 def _policy(name: str, base_url: str, inject: str, allow_private: bool = True) -> str:
-    return (f"version: 1\nkind: upstream\nname: {name}\nbase_url: {base_url}\n"
+    limits = "run_limits: {requests: 4}\n" if name == "queried" else ""
+    return (f"version: 1\nkind: upstream\nname: {name}\nbase_url: {base_url}\n{limits}"
             f"allow_private: {str(allow_private).lower()}\n"
             f"secret: {{path: valetkey/tests/{name}, field: value}}\n{inject}\n"
             f"env: {{placeholder: {name.upper()}_TOKEN, base_url: {name.upper()}_URL}}\n{PURPOSES}")
@@ -73,7 +79,7 @@ identity: {vault_policy: valetkey-runtime-tester}
 max_ttl: 1h
 max_grants: 16
 allow:
-  echo: [read_items, write_item, upload]
+  echo: [read_items, write_item, upload, limited]
   keyed: [read_items, write_item]
   gitbasic: [read_items]
   queried: [read_items]
