@@ -35,6 +35,7 @@ from broker.errors import (
 from broker.tokens import AccessClaims
 from gateways.audit import AuditRecord, masked_path
 from gateways.credentials import Headers, extract_placeholder, forwarded_headers, inject
+from gateways.encodings import BodyDecoder, body_decoder
 from gateways.paths import CanonicalPath, canonical_path
 from gateways.patterns import media_type
 from gateways.upstream import response_headers
@@ -42,6 +43,7 @@ from policies.model import Placement, Purpose
 
 if TYPE_CHECKING:
     from gateways.app import Gateway
+    from gateways.redact import Redactor
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -239,11 +241,18 @@ async def charge_budget(gw: Gateway, ex: Exchange) -> None:
 
 
 async def _exchange(gw: Gateway, ex: Exchange, address: str, raw_target: bytes) -> None:
+    """Send the request, then stream the response back redacted: every header value, and the body
+    chunk by chunk (decoded first if the upstream compressed it although asked for identity).
+    A body that does not decode is refused before any byte is sent, or cut where it stops decoding.
+    Reasons: undecodable_response, decompression_bomb, upstream_timeout, upstream_protocol_error."""
     response = await gw.client.open(ex.method, address, raw_target, ex.upstream_headers, ex.body)
-    redactor = gw.redactor()
+    redactor = await _current_redactor(gw)
     stream = redactor.stream()
     header_redactions = 0
     try:
+        decoder = body_decoder(v for k, v in response.headers.raw if k.lower() == b"content-encoding")
+        body = _decoded_body(response, decoder)
+        first = await anext(body, b"") if decoder else b""
         headers = []
         for name, value in response_headers(response.headers.raw, gw.upstream):
             clean, count = redactor.redact(value)
@@ -253,22 +262,45 @@ async def _exchange(gw: Gateway, ex: Exchange, address: str, raw_target: bytes) 
         ex.record.status = response.status_code
         await ex.send({"type": "http.response.start", "status": response.status_code, "headers": headers})
         ex.response_started = True
-        try:
-            async for chunk in response.aiter_raw():
-                out = stream.feed(chunk)
-                if out:
-                    ex.record.bytes_out += len(out)
-                    await ex.send({"type": "http.response.body", "body": out, "more_body": True})
-        except httpx.TimeoutException:
-            raise GatewayTimeout("upstream stalled mid-response", Reason.UPSTREAM_TIMEOUT) from None
-        except httpx.HTTPError:
-            raise UpstreamError("upstream broke off the response", Reason.UPSTREAM_PROTOCOL_ERROR) from None
-        tail = stream.finish()
-        ex.record.bytes_out += len(tail)
-        await ex.send({"type": "http.response.body", "body": tail, "more_body": False})
+        await _send_body(ex, stream.feed(first))
+        async for piece in body:
+            await _send_body(ex, stream.feed(piece))
+        await _send_body(ex, stream.finish(), more=False)
     finally:
         ex.record.redactions = header_redactions + stream.count
         await response.aclose()
+
+
+async def _current_redactor(gw: Gateway) -> Redactor:
+    """The first build after start-up or a rotation compiles the secret's patterns (a few hundred
+    ms of regex compilation): it runs in a thread so the event loop keeps serving."""
+    if gw.redactor_is_current():
+        return gw.redactor()
+    return await asyncio.to_thread(gw.redactor)
+
+
+async def _decoded_body(response: httpx.Response, decoder: BodyDecoder) -> AsyncIterator[bytes]:
+    """The body as the sandbox will read it; httpx errors become gateway errors."""
+    try:
+        async for chunk in response.aiter_raw():
+            if not decoder:
+                yield chunk
+                continue
+            for piece in decoder.feed(chunk):
+                yield piece
+    except httpx.TimeoutException:
+        raise GatewayTimeout("upstream stalled mid-response", Reason.UPSTREAM_TIMEOUT) from None
+    except httpx.HTTPError:
+        raise UpstreamError("upstream broke off the response", Reason.UPSTREAM_PROTOCOL_ERROR) from None
+    if decoder:
+        for piece in decoder.finish():
+            yield piece
+
+
+async def _send_body(ex: Exchange, data: bytes, more: bool = True) -> None:
+    if data or not more:
+        ex.record.bytes_out += len(data)
+        await ex.send({"type": "http.response.body", "body": data, "more_body": more})
 
 
 STEPS: tuple[Callable[[Gateway, Exchange], Awaitable[None]], ...] = (
@@ -300,6 +332,9 @@ async def handle(gw: Gateway, ex: Exchange) -> None:
             raise
         task.uncancel()
         ex.record.decision, ex.record.reason = "deny", Reason.TOKEN_REVOKED.value
+        if not ex.response_started:
+            await send_error(ex, TokenInvalid("token revoked while the request was in flight",
+                                              check="revoked", reason=Reason.TOKEN_REVOKED))
     except Exception as exc:  # a bug: answer without details, record it, keep serving
         ex.record.decision, ex.record.reason = "error", "internal_error"
         log.error('{"event":"internal_error","request_id":"%s","type":"%s"}',

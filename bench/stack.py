@@ -1,0 +1,150 @@
+"""Start and stop a whole valetkey stack on loopback for benchmarks: OpenBao dev, Redis, Vault
+bootstrap, a fast upstream, the broker, and N gateway processes (each a real ``valetkey gateway
+serve``). Everything is a child process and is stopped on exit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from broker.devstack import DevVault
+from broker.localstack import OpenBaoDev, RedisServer, free_port
+from policies.load import load_policy_dir
+
+ISSUER = "http://broker.bench.valetkey.test"
+UPSTREAM = "bench"
+POLICY = """version: 1
+kind: upstream
+name: bench
+base_url: http://127.0.0.1:{port}
+allow_private: true
+secret: {{path: valetkey/bench/upstream, field: token}}
+inject: {{header: Authorization, format: "Bearer {{secret}}"}}
+env: {{placeholder: BENCH_TOKEN, base_url: BENCH_URL}}
+purposes:
+  read:
+    why: Read items (the small request).
+    methods: [GET]
+    paths: ["/v1/items/{{item}}", "/v1/sse"]
+  write:
+    why: Write items (the medium request).
+    methods: [POST]
+    paths: ["/v1/items/{{item}}"]
+    limits: {{max_body: 1MiB, rate: "100000000 per 1m"}}
+---
+version: 1
+kind: runtime
+name: bench-agent
+identity: {{vault_policy: valetkey-runtime-bench-agent}}
+max_ttl: 24h
+max_grants: 4
+allow:
+  bench: [read, write]
+"""
+
+
+def wait_http(url: str, seconds: float = 30.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process for {url} exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=1.0).status_code < 500:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} not ready in {seconds}s")
+
+
+@dataclass
+class BenchStack:
+    gateways: int = 1
+    workers: int = 1
+    env_extra: dict[str, str] = field(default_factory=dict)
+    upstream_port: int = 0
+    broker_url: str = ""
+    gateway_urls: list[str] = field(default_factory=list)
+    secret: str = ""
+    vault: DevVault | None = None
+    redis_url: str = ""
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    _stack: ExitStack = field(default_factory=ExitStack)
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="valetkey-bench-")))
+
+    def spawn(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        log = (self.workdir / f"{name}.log").open("wb")
+        self._stack.callback(log.close)
+        proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def __enter__(self) -> BenchStack:
+        vault = self._stack.enter_context(OpenBaoDev())
+        redis = self._stack.enter_context(RedisServer())
+        self.redis_url = redis.url
+        self.upstream_port = free_port()
+        policy_dir = self.workdir / "policies"
+        policy_dir.mkdir()
+        (policy_dir / "bench.yaml").write_text(POLICY.format(port=self.upstream_port))
+        policies = load_policy_dir(policy_dir)
+        self.vault = DevVault.create(vault.addr, vault.root_token, policies)
+        self.secret = self.vault.secrets[UPSTREAM]
+        upstream = self.spawn("upstream", [sys.executable, "-m", "bench.upstream", str(self.upstream_port),
+                                           self.secret], {})
+        wait_http(f"http://127.0.0.1:{self.upstream_port}/", proc=upstream)
+        broker_port = free_port()
+        self.broker_url = f"http://127.0.0.1:{broker_port}"
+        common = {"VAULT_ADDR": vault.addr, "VALETKEY_REDIS_URL": redis.url, "VALETKEY_ISSUER": ISSUER,
+                  "VALETKEY_POLICY_DIR": str(policy_dir)}
+        broker = self.spawn("broker", [sys.executable, "-m", "broker.cli", "broker", "serve", "--log-level",
+                                       "warning"],
+                            {**common, "VAULT_TOKEN": self.vault.broker_token,
+                             "VALETKEY_LISTEN": f"127.0.0.1:{broker_port}"})
+        wait_http(f"{self.broker_url}/readyz", proc=broker)
+        for i in range(self.gateways):
+            port = free_port()
+            env = {**common, "VAULT_TOKEN": self.vault.gateway_token(UPSTREAM),
+                   "VALETKEY_BROKER_URL": self.broker_url, "VALETKEY_LISTEN": f"127.0.0.1:{port}",
+                   **self.env_extra}
+            proc = self.spawn(f"gateway-{i}", [sys.executable, "-m", "broker.cli", "gateway", "serve",
+                                               "--upstream", UPSTREAM, "--workers", str(self.workers),
+                                               "--log-level", "warning"], env)
+            self.gateway_urls.append(f"http://127.0.0.1:{port}")
+            wait_http(f"http://127.0.0.1:{port}/.valetkey/readyz", proc=proc)
+        return self
+
+    def mint(self, purposes: tuple[str, ...] = ("read", "write"), ttl: str = "1h") -> dict[str, Any]:
+        if self.vault is None:
+            raise RuntimeError("stack not started")
+        grants = [{"upstream": UPSTREAM, "purpose": p} for p in purposes]
+        response = httpx.post(f"{self.broker_url}/v1/runs", json={"grants": grants, "ttl": ttl},
+                              headers={"X-Vault-Token": self.vault.runtime_token("bench-agent")})
+        response.raise_for_status()
+        bundle: dict[str, Any] = response.json()
+        return bundle
+
+    def admin(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        if self.vault is None:
+            raise RuntimeError("stack not started")
+        return httpx.request(method, f"{self.broker_url}{path}",
+                             headers={"X-Vault-Token": self.vault.admin_token}, timeout=10, **kwargs)
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in reversed(self.procs):
+            proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self._stack.close()
