@@ -81,7 +81,8 @@ async def measure(replicas: int, trials: int) -> dict[str, Any]:
     return {
         "replicas": replicas, "trials": trials,
         "p50_ms": round(percentile(per_replica, 50), 2), "p99_ms": round(percentile(per_replica, 99), 2),
-        "slowest_p50_ms": round(percentile(slowest, 50), 2), "slowest_p99_ms": round(percentile(slowest, 99), 2),
+        "slowest_p50_ms": round(percentile(slowest, 50), 2),
+        "slowest_p99_ms": round(percentile(slowest, 99), 2),
         "max_ms": round(max(per_replica), 2), "mean_ms": round(statistics.fmean(per_replica), 2),
         "from_call_start_p50_ms": round(percentile(from_start, 50), 2),
         "from_call_start_p99_ms": round(percentile(from_start, 99), 2),

@@ -84,7 +84,9 @@ class BenchStack:
     def spawn(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         log = (self.workdir / f"{name}.log").open("wb")
         self._stack.callback(log.close)
-        proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(  # noqa: S603 - our own argv
+            argv, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT
+        )
         self.procs.append(proc)
         return proc
 
