@@ -22,6 +22,9 @@ def render(
         gateways[upstream_name] = gateway
         env[upstream.env.placeholder] = token
         env[upstream.env.base_url] = gateway + upstream.env.base_path
+    # for tools inside the sandbox (``valetkey selftest``): which gateways this run may use
+    env["VALETKEY_RUN_ID"] = record.run_id
+    env["VALETKEY_GATEWAYS"] = ",".join(f"{name}={url}" for name, url in sorted(gateways.items()))
     return {
         "run_id": record.run_id,
         "runtime": record.runtime,

@@ -106,7 +106,6 @@ def run_create(broker: str, grants: tuple[str, ...], ttl: str | None, fmt: str) 
     with _client(broker) as client:
         bundle = _show(client.post("/v1/runs", json=body))
     if fmt == "env":
-        click.echo(f"VALETKEY_RUN_ID={bundle['run_id']}")
         click.echo(bundle["dotenv"], nl=False)
     else:
         click.echo(json.dumps(bundle, indent=2))
@@ -209,9 +208,11 @@ def keys_list(mount: str, key_name: str) -> None:
 def _commands() -> list[click.Command]:
     from broker.admin_commands import COMMANDS as ADMIN_COMMANDS
     from broker.dev import dev_command
+    from broker.selftest import selftest_command
     from gateways.commands import gateway_group
 
-    return [broker_group, run_group, keys_group, dev_command, gateway_group, *ADMIN_COMMANDS]
+    return [broker_group, run_group, keys_group, dev_command, gateway_group, selftest_command,
+            *ADMIN_COMMANDS]
 
 
 COMMANDS = _commands()

@@ -11,19 +11,18 @@ itself; no upstream path starts with ``/.valetkey/``.
 
 from __future__ import annotations
 
-import json
 import ssl
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import redis.asyncio as aioredis
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from broker.jwks import KeyCache, http_fetcher
 from broker.secret import Secret
 from broker.vault import VaultClient
 from broker.verify import TokenVerifier
+from gateways import reserved
 from gateways.alerts import Detectors, WebhookSender
 from gateways.audit import AuditSink, Metrics
 from gateways.budget import Budgets
@@ -82,12 +81,18 @@ class Gateway:
             self._scanner = (self.secrets.version, CredentialScanner(extra_exact=self.secrets.all_values()))
         return self._scanner[1]
 
+    def redactor_is_current(self) -> bool:
+        return self._redactor is not None and self._redactor[0] == self.secrets.version
+
     def redactor(self) -> Redactor:
-        if self._redactor is None or self._redactor[0] != self.secrets.version:
+        """Every form of every secret held (current and recently rotated out) plus what the
+        injection itself put on the wire; rebuilt only when the secrets change."""
+        current = self._redactor
+        if current is None or current[0] != self.secrets.version:
             values = [s.reveal().encode() for s in self.secrets.all_values()]
             extra = [f for v in values for f in injected_forms(self.upstream.injection, v)]
-            self._redactor = (self.secrets.version, Redactor(values, extra))
-        return self._redactor[1]
+            current = self._redactor = (self.secrets.version, Redactor(values, extra))
+        return current[1]
 
     @classmethod
     def build(cls, settings: GatewaySettings, upstream: Upstream, resolver: Resolver | None = None,
@@ -163,7 +168,7 @@ class GatewayApp:
         if scope["type"] != "http" or self.gateway is None:
             return
         if str(scope.get("path", "")).startswith(RESERVED_PREFIX):
-            await self._reserved(scope, send)
+            await self._reserved(scope, receive, send)
             return
         await handle(self.gateway, new_exchange(scope, receive, send, self.upstream.name))
 
@@ -188,37 +193,6 @@ class GatewayApp:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    async def _reserved(self, scope: dict[str, Any], send: Send) -> None:
-        gw = self.gateway
-        if gw is None:
-            return
-        path = scope["path"][len(RESERVED_PREFIX):]
-        if path == "metrics":
-            await _reply(send, 200, generate_latest(gw.metrics.registry), CONTENT_TYPE_LATEST)
-            return
-        if path == "healthz":
-            await _reply(send, 200, b'{"status":"ok"}')
-            return
-        if path == "readyz":
-            checks = {"secret": _ok(gw.secrets.current), "egress": _ok(gw.resolver.current),
-                      "jwks": bool(gw.keys.kids), "revocations": gw.revocations.fresh}
-            ok = all(checks.values())
-            body = {"status": "ready" if ok else "not_ready", "upstream": gw.upstream.name, "checks": checks}
-            await _reply(send, 200 if ok else 503, json.dumps(body).encode())
-            return
-        await _reply(send, 404, b'{"error":"not_found","detail":"unknown reserved path"}')
-
-
-def _ok(check: Any) -> bool:
-    try:
-        check()
-    except Exception:
-        return False
-    return True
-
-
-async def _reply(send: Send, status: int, body: bytes, content_type: str = "application/json") -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", content_type.encode()),
-                            (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
+    async def _reserved(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if self.gateway is not None:
+            await reserved.handle(self.gateway, scope, receive, send)

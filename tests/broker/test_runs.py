@@ -27,7 +27,10 @@ def test_bundle_has_one_token_per_upstream_and_gateway_urls(broker: Broker) -> N
     assert bundle["runtime"] == "coding-agent"
     assert bundle["expires_in"] == 600
     env = bundle["env"]
-    assert set(env) == {"GITHUB_TOKEN", "GITHUB_API_URL", "OPENAI_API_KEY", "OPENAI_BASE_URL"}
+    assert set(env) == {"GITHUB_TOKEN", "GITHUB_API_URL", "OPENAI_API_KEY", "OPENAI_BASE_URL",
+                        "VALETKEY_RUN_ID", "VALETKEY_GATEWAYS"}
+    assert env["VALETKEY_RUN_ID"] == bundle["run_id"]
+    assert env["VALETKEY_GATEWAYS"] == "github=http://127.0.0.1:9101,openai=http://127.0.0.1:9102"
     assert env["GITHUB_API_URL"] == "http://127.0.0.1:9101"
     assert env["OPENAI_BASE_URL"] == "http://127.0.0.1:9102/v1"
     assert env["GITHUB_TOKEN"] != env["OPENAI_API_KEY"]

@@ -13,10 +13,12 @@ from broker.localstack import free_port
 
 
 class ThreadedServer:
-    def __init__(self, app: Any, port: int | None = None, http: Any = "h11", **options: Any) -> None:
+    def __init__(self, app: Any, port: int | None = None, http: Any = "h11", host: str = "127.0.0.1",
+                 **options: Any) -> None:
         self.port = port or free_port()
+        self.host = host
         config = uvicorn.Config(
-            app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
+            app, host=host, port=self.port, log_level="warning", lifespan="on",
             access_log=False, http=http, **options,
         )
         self.server = uvicorn.Server(config)
@@ -32,7 +34,7 @@ class ThreadedServer:
     @property
     def url(self) -> str:
         scheme = "https" if self.server.config.ssl_certfile else "http"
-        return f"{scheme}://127.0.0.1:{self.port}"
+        return f"{scheme}://{self.host}:{self.port}"
 
     def start(self) -> ThreadedServer:
         self._thread.start()
