@@ -61,8 +61,8 @@ def test_cli_create_show_end(served: tuple[str, Path], bootstrapped_vault: Any) 
                       "--ttl", "5m")
     assert created.returncode == 0, created.stderr
     lines = dict(line.split("=", 1) for line in created.stdout.splitlines())
-    assert set(lines) == {"VALETKEY_RUN_ID", "GITHUB_TOKEN", "GITHUB_API_URL", "OPENAI_API_KEY",
-                          "OPENAI_BASE_URL"}
+    assert set(lines) == {"VALETKEY_RUN_ID", "VALETKEY_GATEWAYS", "GITHUB_TOKEN", "GITHUB_API_URL",
+                          "OPENAI_API_KEY", "OPENAI_BASE_URL"}
     run_id = lines["VALETKEY_RUN_ID"]
     shown = run_cli(bootstrapped_vault, "coding-agent", "show", "--broker", url, run_id)
     assert '"state": "active"' in shown.stdout
