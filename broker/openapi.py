@@ -41,6 +41,20 @@ _BUNDLE = {
 }
 
 
+_REVOKE = {
+    "type": "object", "required": ["scope"], "additionalProperties": False,
+    "properties": {"scope": {"type": "string", "enum": ["run", "runtime", "upstream", "all"]},
+                   "name": {"type": "string"}, "reason": {"type": "string"}},
+}
+_REVOCATION = {
+    "type": "object",
+    "properties": {"scope": {"type": "string"}, "name": {"type": "string"}, "who": {"type": "string"},
+                   "why": {"type": "string"}, "when": {"type": "number"}, "not_before": {"type": "integer"},
+                   "blocked": {"type": "boolean"}, "lifted_by": {"type": "string"},
+                   "lifted_at": {"type": "number"}},
+}
+
+
 def _errors(*codes: int) -> dict[str, Any]:
     schema = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
     return {str(code): {"description": "refused", **schema} for code in codes}
@@ -86,6 +100,27 @@ OPENAPI: dict[str, Any] = {
                        "responses": {**_ok("ended run", {"$ref": "#/components/schemas/Run"}),
                                      **_errors(401, 404)}},
         },
+        "/v1/runs/{run_id}/audit": {"get": {
+            "summary": "The run's audit trail, newest first (security team)", "security": _AUTH,
+            "parameters": [*_RUN_ID, {"name": "limit", "in": "query", "schema": {"type": "integer"}}],
+            "responses": {**_ok("entries", {"type": "object"}), **_errors(401, 403, 503)}}},
+        "/v1/revocations": {
+            "post": {"summary": "Revoke a run, a runtime, an upstream or everything (security team)",
+                     "security": _AUTH,
+                     "requestBody": {"required": True, "content": {"application/json": {"schema": _REVOKE}}},
+                     "responses": {**_ok("revocation", _REVOCATION, "201"), **_errors(400, 401, 403, 404)}},
+            "get": {"summary": "Every recorded revocation (security team)", "security": _AUTH,
+                    "responses": {**_ok("revocations", {"type": "object"}), **_errors(401, 403)}},
+        },
+        "/v1/revocations/{scope}/{name}": {"delete": {
+            "summary": "Lift a runtime or upstream revocation (security team)", "security": _AUTH,
+            "parameters": [{"name": "scope", "in": "path", "required": True,
+                            "schema": {"type": "string", "enum": ["runtime", "upstream"]}},
+                           {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
+            "responses": {**_ok("lifted", _REVOCATION), **_errors(401, 403, 404)}}},
+        "/v1/revocations/all": {"delete": {
+            "summary": "Lift the global revocation (security team)", "security": _AUTH,
+            "responses": {**_ok("lifted", _REVOCATION), **_errors(401, 403, 404)}}},
         "/.well-known/jwks.json": {"get": {
             "summary": "Public keys of every live signing-key version",
             "responses": _ok("JWKS", {"type": "object"})}},

@@ -135,3 +135,14 @@ def test_readyz_fails_when_the_broker_token_is_refused(bootstrapped_vault: Any, 
         response = httpx.get(f"{server.url}/readyz")
     assert response.status_code == 503
     assert response.json()["checks"]["vault_token"] is False
+
+
+def test_openapi_document_is_valid_and_complete(broker: Broker) -> None:
+    from openapi_spec_validator import validate
+
+    with broker.client() as client:
+        document = client.get("/openapi.json").json()
+    validate(document)
+    assert set(document["paths"]) >= {"/v1/runs", "/v1/runs/{run_id}", "/v1/runs/{run_id}/audit",
+                                      "/v1/revocations", "/v1/revocations/{scope}/{name}",
+                                      "/v1/revocations/all", "/.well-known/jwks.json"}
