@@ -63,7 +63,7 @@ async def record_event(svc: Services, revocation: Revocation, action: str) -> No
     elif revocation.scope is Scope.RUNTIME:
         line["runtime"] = revocation.name
     log.info(json.dumps(line, sort_keys=True))
-    await auditlog.append(svc.redis, line, kind="revocation")
+    await auditlog.append(svc.redis, line, kind="revocation", maxlen=svc.settings.audit_maxlen)
 
 
 async def revoke(request: Request) -> Response:
@@ -80,10 +80,12 @@ async def revoke(request: Request) -> Response:
     name, why = str(body.get("name") or ""), str(body.get("reason") or "revoked by the security team")
     if scope is Scope.RUN:
         record = await svc.runs.get(name)
-        if record is None:
-            raise NotFound("no such run")
-        revocation = await end_run_artifacts(svc, record, caller.name, why)
-        await svc.runs.end(name, caller.name)
+        if record is None:  # unknown here (expired, or Redis lost it): revoke the id all the same
+            revocation = await svc.revocations.revoke(new_revocation(scope, name, caller.name, why))
+            await record_event(svc, revocation, "revoke")
+        else:
+            revocation = await end_run_artifacts(svc, record, caller.name, why)
+            await svc.runs.end(name, caller.name)
     else:
         known = {Scope.RUNTIME: svc.policies.runtimes, Scope.UPSTREAM: svc.policies.upstreams}
         if scope in known and name not in known[scope]:

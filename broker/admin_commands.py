@@ -84,7 +84,7 @@ FILTERS = [
     click.option("--upstream", default="", help="one upstream"),
     click.option("--decision", type=click.Choice(["", "allow", "deny", "error"]), default=""),
     click.option("--reason", default="", help="a reason code, e.g. purpose_not_granted"),
-    click.option("--kind", type=click.Choice(["", "request", "revocation", "alert", "event"]), default=""),
+    click.option("--kind", type=click.Choice(["", "request", "run", "revocation", "alert"]), default=""),
     click.option("--json", "as_json", is_flag=True, help="raw JSON lines"),
 ]
 

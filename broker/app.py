@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from broker import bundle
+from broker import auditlog, bundle
 from broker.admin import ROUTES as ADMIN_ROUTES
 from broker.admin import end_run_artifacts
 from broker.callers import Caller, CallerAuthenticator
@@ -33,6 +33,7 @@ from broker.errors import BadRequest, Forbidden, NotFound, PayloadTooLarge, Reas
 from broker.grants import parse_run_request
 from broker.jwks import jwks_from_transit
 from broker.openapi import OPENAPI
+from broker.reaper import Reaper
 from broker.revocations import RevocationStore
 from broker.runs import RunRecord, RunRegistry, new_run_id
 from broker.settings import BrokerSettings
@@ -114,7 +115,7 @@ async def create_run(request: Request) -> Response:
     run_request = parse_run_request(
         await read_json(request), runtime, svc.policies, svc.settings.default_ttl
     )
-    block = (await svc.revocations.snapshot()).blocking(runtime.name, run_request.by_upstream)
+    block = await svc.revocations.blocking(runtime.name, run_request.by_upstream)
     if block is not None:
         raise Forbidden(f"minting is revoked ({block.key}): {block.why}", Reason.REVOKED)
     run_id, now = new_run_id(), int(time.time())
@@ -133,6 +134,9 @@ async def create_run(request: Request) -> Response:
     await svc.runs.create(record)
     event("run_created", run=run_id, runtime=runtime.name, grants=record.grants,
           expires=record.expires, jtis=[c.jti for c in claims])
+    await auditlog.append(svc.redis, {"event": "run_created", "run": run_id, "runtime": runtime.name,
+                                      "grants": record.grants, "expires": record.expires, "time": now},
+                          kind="run", maxlen=svc.settings.audit_maxlen)
     body = bundle.render(record, dict(zip(run_request.by_upstream, tokens, strict=True)),
                          svc.policies, svc.settings)
     return JSONResponse(body, status_code=201, headers={"Cache-Control": "no-store"})
@@ -155,10 +159,11 @@ async def get_run(request: Request) -> Response:
 async def end_run(request: Request) -> Response:
     caller, record = await _owned_run(request)
     svc = services(request)
-    ended = await svc.runs.end(record.run_id, caller.name)
-    if record.state != ended.state:  # a repeated DELETE changes nothing and logs nothing
+    if record.state != "ended":  # a repeated DELETE changes nothing and logs nothing
+        # revoke first: if this fails the run stays active and the DELETE can be retried
         await end_run_artifacts(svc, record, caller.name, "run ended")
         event("run_ended", run=record.run_id, runtime=record.runtime, by=caller.name)
+    ended = await svc.runs.end(record.run_id, caller.name)
     return JSONResponse(ended.to_json())
 
 
@@ -210,9 +215,12 @@ def create_app(settings: BrokerSettings, policies: PolicySet | None = None) -> S
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         svc = Services.build(settings, policies)
         app.state.services = svc
+        reaper = Reaper(svc)
+        await reaper.start()
         try:
             yield
         finally:
+            await reaper.stop()
             await svc.aclose()
 
     routes = [

@@ -23,7 +23,7 @@ STREAM = "valetkey:audit"
 DEFAULT_MAXLEN = 100_000
 
 
-async def append(client: aioredis.Redis, line: dict[str, Any], kind: str = "event",
+async def append(client: aioredis.Redis, line: dict[str, Any], kind: str,
                  maxlen: int = DEFAULT_MAXLEN) -> None:
     """Append one event (revocations, alerts, run lifecycle) to the stream."""
     fields = {"line": json.dumps(line, sort_keys=True, separators=(",", ":")), "kind": kind,

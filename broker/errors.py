@@ -77,6 +77,8 @@ class Reason(StrEnum):
     UPSTREAM_UNREACHABLE = "upstream_unreachable"
     UPSTREAM_TLS_ERROR = "upstream_tls_error"
     UPSTREAM_PROTOCOL_ERROR = "upstream_protocol_error"
+    UNDECODABLE_RESPONSE = "undecodable_response"  # gateways/encodings.py
+    DECOMPRESSION_BOMB = "decompression_bomb"  # gateways/encodings.py
     # gateway: egress guard (gateways/egress.py)
     DEST_PRIVATE_RANGE = "dest_private_range"
     DEST_LOOPBACK = "dest_loopback"
@@ -171,6 +173,9 @@ class TokenInvalid(Unauthenticated):
     def __init__(self, detail: str, check: str, reason: Reason | None = None) -> None:
         super().__init__(detail, reason)
         self.check = check
+        # the signed claims, when the signature verified but a later rule failed: lets the gateway
+        # attribute the refusal to its run (audit, alerts) without treating it as authenticated
+        self.claims: Any = None
 
 
 class ServiceError(Unavailable):

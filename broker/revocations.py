@@ -163,11 +163,7 @@ class RevocationStore:
         raw: dict[bytes, bytes] = await _redis(lambda: self._redis.hgetall(HASH))
         out: dict[str, Revocation] = {}
         for key, value in raw.items():
-            try:
-                record = Revocation.from_json(value)
-            except (ValueError, TypeError, KeyError):
-                # unreadable: treat as a block on that key rather than ignore it (fail closed)
-                record = new_revocation(Scope.ALL, "", "valetkey", f"unreadable record {key!r}")
+            record = self._parse(key, value)
             out[record.key] = record
         return out
 
@@ -185,20 +181,42 @@ class RevocationStore:
             await _redis(pipe.execute)
         return record
 
+    async def get(self, key: str) -> Revocation | None:
+        raw = await _redis(lambda: self._redis.hget(HASH, key))
+        return None if raw is None else self._parse(key, raw)
+
+    async def blocking(self, runtime: str, upstreams: Iterable[str]) -> Revocation | None:
+        """The standing block (if any) that forbids minting: reads only the keys concerned."""
+        keys = ["all", key_of(Scope.RUNTIME, runtime), *(key_of(Scope.UPSTREAM, u) for u in upstreams)]
+        values = await _redis(lambda: self._redis.hmget(HASH, keys))
+        records = [self._parse(k, v) for k, v in zip(keys, values, strict=True) if v is not None]
+        return RevocationSet(records).blocking(runtime, upstreams)
+
+    @staticmethod
+    def _parse(key: str | bytes, value: str | bytes) -> Revocation:
+        try:
+            return Revocation.from_json(value)
+        except (ValueError, TypeError, KeyError):
+            # unreadable: treat it as a block on everything rather than ignore it (fail closed)
+            return new_revocation(Scope.ALL, "", "valetkey", f"unreadable revocation record {key!r}")
+
     async def revoke(self, record: Revocation) -> Revocation:
-        existing = (await self.load()).get(record.key)
+        existing = await self.get(record.key)
         if existing is not None and existing.scope is not Scope.RUN:
-            # a second revocation while one stands keeps the earliest not_before and blocks again
+            # revoking again while a record exists: block again and cover every token issued up to now
             record = replace(record, not_before=max(existing.not_before, record.not_before))
         return await self.put(record)
 
     async def lift(self, scope: Scope, name: str, who: str) -> Revocation:
+        """Lift explicitly. With no record (Redis lost it) a lifted record is written anyway, so
+        replicas still blocking from memory are released; tokens up to now stay revoked."""
         if scope is Scope.RUN:
             raise BadRequest("a run revocation cannot be lifted; mint a new run", Reason.INVALID_REQUEST)
-        existing = (await self.load()).get(key_of(scope, name))
-        if existing is None or not existing.blocked:
+        existing = await self.get(key_of(scope, name))
+        if existing is not None and not existing.blocked:
             raise NotFound(f"no standing revocation of {key_of(scope, name)}")
-        return await self.put(replace(existing, blocked=False, lifted_by=who, lifted_at=time.time()))
+        base = existing or new_revocation(scope, name, who, "lifted without a record (state was lost)")
+        return await self.put(replace(base, blocked=False, lifted_by=who, lifted_at=time.time()))
 
     async def purge_expired(self) -> int:
         now = time.time()

@@ -35,6 +35,7 @@ class BrokerSettings:
     default_ttl: int = 900
     caller_cache_ttl: int = 30
     key_cache_ttl: int = 10
+    audit_maxlen: int = 100_000
     gateway_urls: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     gateway_url_template: str = "http://valetkey-gateway-{upstream}:8080"
 
@@ -61,6 +62,8 @@ class BrokerSettings:
             default_ttl=_duration(env, "VALETKEY_DEFAULT_TTL", "15m"),
             caller_cache_ttl=_duration(env, "VALETKEY_CALLER_CACHE_TTL", "30s"),
             key_cache_ttl=_duration(env, "VALETKEY_KEY_CACHE_TTL", "10s"),
+            audit_maxlen=_int("VALETKEY_AUDIT_MAXLEN", env.get("VALETKEY_AUDIT_MAXLEN", "100000"),
+                              1000, 100_000_000),
             gateway_urls=MappingProxyType(_gateway_urls(env.get("VALETKEY_GATEWAY_URLS", ""))),
             gateway_url_template=env.get(
                 "VALETKEY_GATEWAY_URL_TEMPLATE", "http://valetkey-gateway-{upstream}:8080"

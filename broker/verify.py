@@ -183,12 +183,16 @@ class TokenVerifier:
 
     async def verify(self, token: str) -> AccessClaims:
         claims = await self._signed_claims(token)
-        validate_claims(
-            claims, issuer=self.issuer, audience=self.audience, now=self._now(),
-            leeway=self._leeway,
-        )
-        if self._run_check is not None:
-            await self._run_check(claims)
+        try:
+            validate_claims(
+                claims, issuer=self.issuer, audience=self.audience, now=self._now(),
+                leeway=self._leeway,
+            )
+            if self._run_check is not None:
+                await self._run_check(claims)
+        except TokenInvalid as exc:
+            exc.claims = claims if claims.iss == self.issuer else None
+            raise
         return claims
 
     async def _signed_claims(self, token: str) -> AccessClaims:

@@ -28,6 +28,7 @@ import redis.asyncio as aioredis
 from broker import auditlog
 from broker.revocations import RevocationStore, Scope, new_revocation
 from broker.secret import Secret
+from broker.settings import SettingsError
 from gateways.audit import AuditRecord
 from policies.model import Alerting, AlertKind
 
@@ -93,6 +94,9 @@ class WebhookSender:
     """A background queue of signed POSTs; failures retry with backoff and are then logged."""
 
     def __init__(self, url: str, secret: Secret | None, http: httpx.AsyncClient) -> None:
+        if url and secret is None:
+            raise SettingsError("an alert webhook is configured but VALETKEY_ALERT_WEBHOOK_SECRET is not "
+                                "set: alerts would be unsigned and spoofable")
         self.url = url
         self._secret = secret
         self._http = http
@@ -114,6 +118,7 @@ class WebhookSender:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        await self._http.aclose()
 
     async def _run(self) -> None:
         while True:
@@ -137,7 +142,9 @@ class WebhookSender:
 
 
 class Detectors:
-    def __init__(self, client: aioredis.Redis, policy: Alerting, webhook: WebhookSender) -> None:
+    def __init__(self, client: aioredis.Redis, policy: Alerting, webhook: WebhookSender,
+                 audit_maxlen: int = auditlog.DEFAULT_MAXLEN) -> None:
+        self._maxlen = audit_maxlen
         self._redis = client
         self._policy = policy
         self._webhook = webhook
@@ -182,7 +189,7 @@ class Detectors:
         log.warning(json.dumps(event, sort_keys=True))
         await self._redis.xadd(STREAM, {"line": json.dumps(event, sort_keys=True)}, maxlen=10_000,
                                approximate=True)
-        await auditlog.append(self._redis, event, kind="alert")
+        await auditlog.append(self._redis, event, kind="alert", maxlen=self._maxlen)
         if alert.auto_revoke:
             revocation = new_revocation(Scope.RUN, record.run, f"valetkey-gateway:{record.upstream}",
                                         f"automatic: {kind.value} alert", run_expires=run_expires)
@@ -190,5 +197,6 @@ class Detectors:
             await auditlog.append(self._redis, {"event": "revoke", "scope": "run", "name": record.run,
                                                 "run": record.run, "runtime": record.runtime,
                                                 "who": revocation.who, "why": revocation.why,
-                                                "time": revocation.when}, kind="revocation")
+                                                "time": revocation.when}, kind="revocation",
+                                  maxlen=self._maxlen)
         self._webhook.send(event)

@@ -108,10 +108,11 @@ class Gateway:
         metrics = Metrics()
         policy = alerting or Alerting()
         revocations = RevocationWatcher(redis, max_stale=settings.revocation_max_stale)
+        # webhooks go to the on-call receiver: public CAs, not the broker's private CA
         webhook = WebhookSender(settings.alert_webhook_url or policy.webhook_url,
-                                settings.alert_webhook_secret, http)
+                                settings.alert_webhook_secret, httpx.AsyncClient(timeout=5.0, trust_env=False))
         audit = AuditSink(redis, settings.audit_stream, settings.audit_maxlen, metrics)
-        detectors = Detectors(redis, policy, webhook)
+        detectors = Detectors(redis, policy, webhook, settings.audit_maxlen)
         audit.observer = detectors.observe
         return cls(
             settings=settings, upstream=upstream, vault=vault, redis=redis,
@@ -176,12 +177,14 @@ class GatewayApp:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                gateway = Gateway.build(self.settings, self.upstream, self.resolver, self.alerting)
+                gateway: Gateway | None = None
                 try:
+                    gateway = Gateway.build(self.settings, self.upstream, self.resolver, self.alerting)
                     await gateway.start()
-                except Exception as exc:
-                    await gateway.stop()
-                    detail = getattr(exc, "detail", type(exc).__name__)
+                except Exception as exc:  # every start-up failure ends the process with its reason
+                    if gateway is not None:
+                        await gateway.stop()
+                    detail = getattr(exc, "detail", None) or str(exc) or type(exc).__name__
                     self.startup_error = f"{getattr(exc, 'code', 'error')}: {detail}"
                     await send({"type": "lifespan.startup.failed", "message": str(detail)})
                     return

@@ -69,7 +69,7 @@ class Budgets:
         if not self.applies(purpose):
             return
         rate = purpose.limits.rate
-        run = f"{PREFIX}{claims.sub}:{self._upstream.name}"
+        run = f"{PREFIX}{{{claims.sub}:{self._upstream.name}}}"  # one hash slot per run (Redis Cluster)
         ttl = max(1, claims.exp - int(now) + 60)
         args = [rate.count if rate else 0, rate.period * 1000 if rate else 0, secrets.token_hex(8), ttl,
                 self._upstream.run_limits.requests or 0, self._upstream.run_limits.bytes_out or 0]
@@ -90,7 +90,7 @@ class Budgets:
         """Count response bytes toward the run's bytes-out total (after the response)."""
         if not self._upstream.run_limits.bytes_out or count <= 0:
             return
-        key = f"{PREFIX}{claims.sub}:{self._upstream.name}:bytes"
+        key = f"{PREFIX}{{{claims.sub}:{self._upstream.name}}}:bytes"
         try:
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.incrby(key, count)

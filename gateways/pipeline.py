@@ -1,6 +1,7 @@
 """The gateway's request pipeline: one ordered list of small named steps, read top to bottom.
 
-    check_request → refuse_passthrough → authenticate → authorize → read_body → inject → dial → stream
+    check_request → refuse_passthrough → authenticate → authorize → charge_budget → read_body
+    → inject_secret → dial_and_stream
     (audit always, in ``handle``)
 
 Each step reads and may fill fields of the ``Exchange``; a refusal is a ``ValetkeyError`` whose
@@ -15,6 +16,7 @@ import json
 import logging
 import time
 import uuid
+from urllib.parse import unquote_to_bytes
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -37,7 +39,7 @@ from gateways.audit import AuditRecord, masked_path
 from gateways.credentials import Headers, extract_placeholder, forwarded_headers, inject
 from gateways.encodings import BodyDecoder, body_decoder
 from gateways.paths import CanonicalPath, canonical_path
-from gateways.patterns import media_type
+from gateways.patterns import Finding, media_type
 from gateways.upstream import response_headers
 from policies.model import Placement, Purpose
 
@@ -113,12 +115,22 @@ async def check_request(gw: Gateway, ex: Exchange) -> None:
 async def refuse_passthrough(gw: Gateway, ex: Exchange) -> None:
     """A real-looking provider credential anywhere in headers or query: refused, never logged.
     Reads headers and query. Reason: credential_passthrough."""
-    finding = gw.scanner().scan_headers(ex.headers) or gw.scanner().scan_query(ex.query)
+    scanner = gw.scanner()
+    finding = scanner.scan_headers(ex.headers) or scanner.scan_query(ex.query) or _scan_path(gw, ex)
     if finding is not None:
         ex.record.passthrough = finding.location
         await _attribute(gw, ex)
         raise Forbidden(f"a real credential was sent in {finding.location}; the sandbox must only "
                         "hold placeholders", Reason.CREDENTIAL_PASSTHROUGH)
+
+
+def _scan_path(gw: Gateway, ex: Exchange) -> Finding | None:
+    raw = bytes(ex.scope.get("raw_path") or b"")
+    pattern = gw.scanner().find(raw) or gw.scanner().find(unquote_to_bytes(raw))
+    if pattern is None:
+        return None
+    ex.record.path = "[path withheld: it carried a credential]"
+    return Finding("path", pattern.name)
 
 
 async def _attribute(gw: Gateway, ex: Exchange) -> None:
@@ -138,6 +150,8 @@ async def authenticate(gw: Gateway, ex: Exchange) -> None:
     try:
         ex.claims = await gw.verifier.verify(token)
     except TokenInvalid as exc:
+        if exc.claims is not None:  # signed by our broker: name its run in the audit line
+            ex.record.run, ex.record.runtime = exc.claims.sub, exc.claims.client_id
         scheme = "Basic" if gw.upstream.injection.placement is Placement.BASIC else "Bearer"
         exc.headers = {"www-authenticate": f'{scheme} realm="{gw.realm}", error="invalid_token"'}
         raise

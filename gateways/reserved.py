@@ -83,7 +83,8 @@ async def _end_run(gw: Gateway, scope: dict[str, Any]) -> None:
         new_revocation(Scope.RUN, claims.sub, who, "ended from inside the run", run_expires=claims.exp))
     await auditlog.append(gw.redis, {"event": "revoke", "scope": "run", "name": claims.sub, "run": claims.sub,
                                      "runtime": claims.client_id, "who": who, "why": record.why,
-                                     "time": record.when}, kind="revocation")
+                                     "time": record.when}, kind="revocation",
+                          maxlen=gw.settings.audit_maxlen)
 
 
 def _ok(check: Any) -> bool:

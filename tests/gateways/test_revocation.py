@@ -341,6 +341,78 @@ def test_revoke_cli(fleet: Fleet) -> None:
     assert cli("revoke", "--run", "x", "--all").returncode == 1  # exactly one scope
 
 
+def test_alert_revocation_also_ends_the_run_in_the_registry(fleet: Fleet) -> None:
+    """Whoever writes a run revocation (here: a gateway's auto-revoke), the broker finishes it."""
+    bundle = fleet.mint().json()
+    attempt = httpx.get(f"{fleet.replicas[0]}/v1/items", headers={
+        "Authorization": f"Bearer {bundle['env']['ECHO_TOKEN']}", "Cookie": "k=ghp_" + "Z" * 36})
+    assert attempt.json()["error"] == "credential_passthrough"
+
+    def ended() -> bool:
+        run = fleet.admin("GET", f"/v1/runs/{bundle['run_id']}").json()
+        return bool(run.get("state") == "ended")
+    eventually(ended)
+
+
+def test_end_run_from_inside(fleet: Fleet) -> None:
+    bundle = fleet.mint().json()
+    headers = {"Authorization": f"Bearer {bundle['env']['ECHO_TOKEN']}"}
+    assert httpx.get(f"{fleet.replicas[0]}/.valetkey/end-run", headers=headers).status_code == 405
+    assert httpx.post(f"{fleet.replicas[0]}/.valetkey/end-run").json()["error"] == "missing_token"
+    ended = httpx.post(f"{fleet.replicas[0]}/.valetkey/end-run", headers=headers)
+    assert ended.status_code == 200, ended.text
+    _refused_everywhere(fleet, bundle["env"]["ECHO_TOKEN"])
+    eventually(lambda: fleet.admin("GET", f"/v1/runs/{bundle['run_id']}").json().get("state") == "ended")
+
+
+def test_refusals_of_signed_tokens_are_attributed_to_their_run(fleet: Fleet) -> None:
+    bundle = fleet.mint([ITEM, {"upstream": "keyed", "purpose": "read_items"}]).json()
+    wrong = fleet.get(fleet.replicas[0], bundle["env"]["KEYED_TOKEN"])
+    assert wrong.json()["error"] == "audience_mismatch"
+
+    def attributed() -> bool:
+        entries = fleet.admin("GET", f"/v1/runs/{bundle['run_id']}/audit").json()["entries"]
+        return any(e["line"].get("reason") == "audience_mismatch" for e in entries)
+    eventually(attributed)
+
+
+def test_credential_in_the_path_is_refused_and_withheld(fleet: Fleet) -> None:
+    bundle = fleet.mint().json()
+    secretish = "ghp_" + "P" * 36
+    response = fleet.get(fleet.replicas[0], bundle["env"]["ECHO_TOKEN"], f"/v1/items/{secretish}")
+    assert (response.status_code, response.json()["error"]) == (403, "credential_passthrough")
+
+    def withheld() -> bool:
+        entries = fleet.admin("GET", f"/v1/runs/{bundle['run_id']}/audit").json()["entries"]
+        lines = [e["line"] for e in entries if e["kind"] == "request"]
+        return any(line.get("path", "").startswith("[path withheld") for line in lines)
+    eventually(withheld)
+    raw = json.dumps(fleet.admin("GET", f"/v1/runs/{bundle['run_id']}/audit").json())
+    assert secretish not in raw
+
+
+def test_revoke_unknown_run_and_lift_without_record(fleet: Fleet) -> None:
+    revoked = fleet.admin("POST", "/v1/revocations", json={"scope": "run", "name": "run_lost", "reason": "x"})
+    assert revoked.status_code == 201
+    lifted = fleet.admin("DELETE", "/v1/revocations/runtime/tester-never-revoked")
+    assert lifted.status_code == 200  # writes an explicit lifted record (e.g. after Redis lost state)
+    assert lifted.json()["blocked"] is False
+
+
+def test_webhook_without_signing_secret_refuses_to_start(gateway_stack: Stack) -> None:
+    from gateways.app import GatewayApp
+    from gateways.server import JsonErrorH11Protocol
+    from tests.gateways.conftest import gateway_settings
+
+    settings = gateway_settings(gateway_stack, "echo", VALETKEY_ALERT_WEBHOOK_URL="http://127.0.0.1:9/hook")
+    app = GatewayApp(settings, gateway_stack.policies.upstreams["echo"])
+    server = ThreadedServer(app, http=JsonErrorH11Protocol)
+    with pytest.raises(RuntimeError):
+        server.start()
+    server.stop()
+    assert "VALETKEY_ALERT_WEBHOOK_SECRET" in app.startup_error
+
+
 def test_stale_state_fails_closed_and_recovers(fleet: Fleet) -> None:
     """Runs last in this module: it restarts the fleet's Redis (which comes back empty)."""
     token = fleet.mint().json()["env"]["ECHO_TOKEN"]

@@ -143,7 +143,8 @@ def sandbox(gateway_stack: Stack) -> Iterator[Sandbox]:
         servers += [receiver, outside]
         gateways = {}
         for name in ("echo", "keyed"):
-            settings = gateway_settings(gateway_stack, name, VALETKEY_ALERT_WEBHOOK_URL=f"{receiver.url}/hook")
+            settings = gateway_settings(gateway_stack, name, VALETKEY_ALERT_WEBHOOK_URL=f"{receiver.url}/hook",
+                                        VALETKEY_ALERT_WEBHOOK_SECRET="whsec-selftest")
             app = GatewayApp(settings, gateway_stack.policies.upstreams[name], resolver=loopback_resolver,
                              alerting=gateway_stack.policies.alerting)
             server = ThreadedServer(app, http=JsonErrorH11Protocol, host=host_ip).start()

@@ -1,0 +1,90 @@
+"""The broker's background work on revocations.
+
+* A run can be revoked by an admin, by its runtime ending it, by an alert (auto-revoke, written by
+  a gateway) or by itself (``/.valetkey/end-run``). Whatever wrote it, the broker sees it on the
+  revocation channel and finishes the job only it can do: mark the run ended in the registry and
+  revoke every Vault token attached to the run (gateways have no Vault rights for that).
+* Expired revocation records are purged so the hash stays small.
+
+Idempotent: several broker replicas may all do it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+from redis.exceptions import RedisError
+
+from broker.errors import ValetkeyError
+from broker.revocations import CHANNEL, Revocation, Scope
+
+if TYPE_CHECKING:
+    from broker.app import Services
+
+log = logging.getLogger("valetkey.broker")
+PURGE_EVERY = 300.0
+
+
+async def finish_run(svc: Services, revocation: Revocation) -> None:
+    record = await svc.runs.get(revocation.name)
+    if record is None:
+        return
+    if record.state != "ended":
+        await svc.runs.end(record.run_id, revocation.who)
+    for accessor in record.vault_accessors:
+        try:
+            await svc.vault.revoke_accessor(accessor)
+        except ValetkeyError as exc:
+            log.warning('{"event":"vault_revoke_failed","run":"%s","reason":"%s"}', record.run_id, exc.code)
+
+
+class Reaper:
+    def __init__(self, svc: Services) -> None:
+        self._svc = svc
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._watch(), name="broker-reaper"),
+                       asyncio.create_task(self._purge(), name="broker-purge")]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _watch(self) -> None:
+        while True:
+            pubsub = self._svc.redis.pubsub()
+            try:
+                await pubsub.subscribe(CHANNEL)
+                async for message in pubsub.listen():
+                    if message.get("type") != "message":
+                        continue
+                    try:
+                        revocation = Revocation.from_json(message["data"])
+                    except (ValueError, TypeError, KeyError):
+                        continue
+                    if revocation.scope is Scope.RUN:
+                        await finish_run(self._svc, revocation)
+            except (RedisError, OSError, ValetkeyError) as exc:
+                log.warning('{"event":"reaper_watch_lost","error":"%s"}', type(exc).__name__)
+            finally:
+                with contextlib.suppress(RedisError, OSError):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await asyncio.sleep(1.0)
+
+    async def _purge(self) -> None:
+        while True:
+            await asyncio.sleep(PURGE_EVERY)
+            try:
+                removed = await self._svc.revocations.purge_expired()
+            except ValetkeyError as exc:
+                log.warning('{"event":"revocation_purge_failed","reason":"%s"}', exc.code)
+                continue
+            if removed:
+                log.info('{"event":"revocations_purged","count":%d}', removed)
