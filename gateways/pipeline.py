@@ -16,10 +16,10 @@ import json
 import logging
 import time
 import uuid
-from urllib.parse import unquote_to_bytes
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote_to_bytes
 
 import httpx
 
