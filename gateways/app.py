@@ -109,7 +109,8 @@ class Gateway:
         policy = alerting or Alerting()
         revocations = RevocationWatcher(redis, max_stale=settings.revocation_max_stale)
         # webhooks go to the on-call receiver: public CAs, not the broker's private CA
-        webhook = WebhookSender(settings.alert_webhook_url or policy.webhook_url, settings.alert_webhook_secret,
+        webhook_url = settings.alert_webhook_url or policy.webhook_url
+        webhook = WebhookSender(webhook_url, settings.alert_webhook_secret,
                                 httpx.AsyncClient(timeout=5.0, trust_env=False))
         audit = AuditSink(redis, settings.audit_stream, settings.audit_maxlen, metrics)
         detectors = Detectors(redis, policy, webhook, settings.audit_maxlen)
