@@ -77,8 +77,11 @@ def extract_placeholder(injection: Injection, headers: Headers, query: bytes, re
     """The run token from where the policy puts the credential, or a 401 with a challenge."""
     token: str | None = None
     if injection.placement is Placement.HEADER:
-        value = header_value(headers, injection.header.lower().encode())
-        token = _from_format(value, injection.format) if value else None
+        for name, fmt in ((injection.header, injection.format), *injection.accept):
+            value = header_value(headers, name.lower().encode())
+            token = _from_format(value, fmt) if value else None
+            if token:
+                break
     elif injection.placement is Placement.BASIC:
         value = header_value(headers, b"authorization")
         pair = decode_basic(value) if value else None

@@ -169,17 +169,13 @@ def _injection(value: Any, rule: str, r: Report) -> Injection | None:
     if doc is None:
         return None
     if "header" in doc:
-        if not _keys(doc, rule, {"header"}, {"format"}, r):
+        if not _keys(doc, rule, {"header"}, {"format", "accept"}, r):
             return None
-        header = _string(doc["header"], f"{rule} header", r, HEADER_NAME)
-        fmt = _string(doc.get("format", "{secret}"), f"{rule} format", r)
-        if header is not None and RESERVED_HEADERS.fullmatch(header):
-            r.add(f"{rule} header", f"{header!r} is a framing, routing or cookie header",
-                  "inject into the upstream's credential header, e.g. Authorization")
+        pair = _header_format(doc, rule, r)
+        accept = _accept(doc.get("accept", []), f"{rule} accept", r)
+        if pair is None or accept is None:
             return None
-        if header is None or fmt is None or not _format_ok(fmt, f"{rule} format", r):
-            return None
-        return Injection(Placement.HEADER, header=header, format=fmt)
+        return Injection(Placement.HEADER, header=pair[0], format=pair[1], accept=accept)
     if "basic" in doc:
         if not _keys(doc, rule, {"basic"}, set(), r):
             return None
@@ -201,6 +197,31 @@ def _injection(value: Any, rule: str, r: Report) -> Injection | None:
         return None if param is None else Injection(Placement.QUERY, param=param)
     r.add(rule, "no placement", "give exactly one of `header:`, `basic:` or `query:`")
     return None
+
+
+def _accept(value: Any, rule: str, r: Report) -> tuple[tuple[str, str], ...] | None:
+    if not isinstance(value, list) or not all(isinstance(a, dict) and "accept" not in a for a in value):
+        r.add(rule, "expected a list of {header, format}",
+              "e.g. `accept: [{header: Authorization, format: 'Bearer {secret}'}]`")
+        return None
+    pairs = [_header_format(a, f"{rule}[{i}]", r) for i, a in enumerate(value)]
+    return None if None in pairs else tuple(p for p in pairs if p is not None)
+
+
+def _header_format(doc: dict[str, Any], rule: str, r: Report) -> tuple[str, str] | None:
+    """A credential header and its value format: where a placeholder may be read or injected."""
+    if set(doc) - {"header", "format", "accept"} or "header" not in doc:
+        r.add(rule, "expected header and an optional format", "write `{header: X, format: '... {secret}'}`")
+        return None
+    header = _string(doc["header"], f"{rule} header", r, HEADER_NAME)
+    fmt = _string(doc.get("format", "{secret}"), f"{rule} format", r)
+    if header is not None and RESERVED_HEADERS.fullmatch(header):
+        r.add(f"{rule} header", f"{header!r} is a framing, routing or cookie header",
+              "inject into the upstream's credential header, e.g. Authorization")
+        return None
+    if header is None or fmt is None or not _format_ok(fmt, f"{rule} format", r):
+        return None
+    return header, fmt
 
 
 def _format_ok(fmt: str, rule: str, r: Report) -> bool:

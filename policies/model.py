@@ -37,7 +37,9 @@ class SecretRef:
 class Injection:
     """How the real secret is put on the wire.
 
-    HEADER: ``header`` set to ``format`` with ``{secret}`` replaced.
+    HEADER: ``header`` set to ``format`` with ``{secret}`` replaced; the placeholder is read from
+    there or from any ``accept`` location (SDK generations differ: anthropic 1.x sends
+    ``x-api-key``, 2.x ``Authorization: Bearer``).
     BASIC: ``Authorization: Basic base64(username:secret)``; the placeholder is the password.
     QUERY: query parameter ``param`` set to the secret.
     """
@@ -47,11 +49,13 @@ class Injection:
     format: str = "{secret}"
     username: str = ""
     param: str = ""
+    # other (header, format) places a client may put the placeholder; injection stays as above
+    accept: tuple[tuple[str, str], ...] = ()
 
     def header_names(self) -> frozenset[str]:
         """Lower-case header names the client may use to carry a credential for this upstream."""
         if self.placement is Placement.HEADER:
-            return frozenset({self.header.lower()})
+            return frozenset({self.header.lower(), *(h.lower() for h, _ in self.accept)})
         if self.placement is Placement.BASIC:
             return frozenset({"authorization"})
         return frozenset()

@@ -392,3 +392,30 @@ def test_hidden_directories_are_skipped(tmp_path: Path) -> None:
     (tmp_path / "policies" / ".hidden.yaml").write_text("not: [valid")
     loaded = load_policy_dir(tmp_path / "policies")
     assert set(loaded.upstreams) == {"git-host", "weather"}
+
+
+def test_inject_accept_locations() -> None:
+    from policies.model import Placement
+
+    shipped = load_policy_dir(Path(__file__).resolve().parents[2] / "policies")
+    injection = shipped.upstreams["anthropic"].injection
+    assert injection.placement is Placement.HEADER
+    assert (injection.header, injection.format) == ("x-api-key", "{secret}")
+    assert injection.accept == (("Authorization", "Bearer {secret}"),)
+    assert injection.header_names() == {"x-api-key", "authorization"}
+
+
+@pytest.mark.parametrize(("accept", "message"), [
+    pytest.param("accept: {header: Authorization}", "expected a list", id="not-a-list"),
+    pytest.param("accept: [{header: Host}]", "framing, routing", id="reserved-header"),
+    pytest.param("accept: [{header: Authorization, format: Bearer}]", "exactly once", id="no-secret"),
+    pytest.param("accept: [{header: Authorization, extra: 1}]", "expected header", id="unknown-key"),
+])
+def test_inject_accept_refusals(tmp_path: Path, accept: str, message: str) -> None:
+    text = (VALID / "upstreams" / "weather.yaml").read_text()
+    doc = text.split("inject:")[0] + "inject:\n  header: X-Key\n  " + accept + "\n" + \
+        "env:" + text.split("env:", 1)[1]
+    (tmp_path / "up.yaml").write_text(doc)
+    with pytest.raises(PolicyLoadError) as info:
+        load_policy_dir(tmp_path)
+    assert any(message in p.message for p in info.value.problems), info.value
