@@ -22,7 +22,7 @@ def _dev(tmp_path: Path, *ports: int, extra: tuple[str, ...] = ()) -> subprocess
     env = {**os.environ, "VALETKEY_DEV_DIR": str(tmp_path)}
     return subprocess.Popen(
         [VALETKEY, "dev", "--vault-port", str(vault), "--redis-port", str(redis),
-         "--broker-port", str(broker), *extra],
+         "--broker-port", str(broker), "--gateway-port", "0", *extra],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
 
@@ -45,7 +45,17 @@ def test_dev_stack_up_demo_and_clean_stop(tmp_path: Path) -> None:
         assert "Ctrl-C to stop" in text, text
         assert "demo run run_" in text
         assert "OPENAI_API_KEY=" in text
+        assert "Try it, in another shell:" in text
         assert "GITHUB_TOKEN=" in text
+        commands = [line.strip().split("   #")[0].strip() for line in lines
+                     if line.strip().startswith(("set -a", "curl "))]
+        assert len(commands) == 4, text
+        source, inject, echo, passthrough = commands
+        outputs = [subprocess.run(["bash", "-c", f"{source}; {cmd}"], capture_output=True, text=True,
+                                  timeout=30, check=False).stdout for cmd in (inject, echo, passthrough)]
+        assert '"full_name": "acme/widgets"' in outputs[0]
+        assert "[REDACTED:valetkey]" in outputs[1]
+        assert '"error": "credential_passthrough"' in outputs[2]
         ready = httpx.get(f"http://127.0.0.1:{ports[2]}/readyz", timeout=5)
         assert ready.json()["checks"] == {"vault": True, "vault_token": True, "redis": True}
     finally:
