@@ -1,62 +1,177 @@
 """Redaction of the secrets a gateway holds from everything it returns to the sandbox.
 
 A ``Redactor`` is built once per set of secret values (at load or rotation), never per request.
-It knows every *form* of each secret (see ``forms``) and replaces each occurrence with ``MARKER``.
+It knows every *text* of each secret (``gateways/forms.py``: the secret, its base64 at each
+alignment, its hex — each character verbatim or escaped) plus the literal forms the injection
+produced, and replaces each occurrence with ``MARKER``.
+
+Matching is two steps, so the cost stays linear and close to memory speed when nothing matches:
+a SIMD multi-literal prefilter (Aho-Corasick, leftmost-first, which uses Teddy) finds *anchors* —
+a short verbatim piece of each text, and the first bytes of every escape — and every occurrence
+contains at least one. Only a window of ``longest`` bytes around each hit is then searched with
+the exact regex of each text; the leftmost occurrence wins, and of those starting at the same
+byte the longest.
+
 ``StreamRedactor`` does the same over a body that arrives in chunks: a match split across chunks
 at any offset is caught, and only the bytes that could still begin a match are held back — the
-longest suffix that is a prefix of some form — so a finished server-sent event is never delayed.
+longest suffix that is a prefix of some occurrence — so a finished server-sent event is never
+delayed. Its output equals ``Redactor.redact`` of the whole body, whatever the chunking.
 """
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ahocorasick_rs import MATCHKIND_LEFTMOST_FIRST, BytesAhoCorasick
+
+from gateways.forms import FAMILIES, Anchor, Text, compile_text, forms, texts
+
+__all__ = ["MARKER", "MIN_SECRET_LENGTH", "Redactor", "StreamRedactor", "forms"]
 
 MARKER = b"[REDACTED:valetkey]"
 MIN_SECRET_LENGTH = 4  # shorter values would redact ordinary text; policy secrets are longer
 
 
-def forms(secret: bytes) -> set[bytes]:
-    """The byte forms of one secret that are searched for (extended by the redaction issue)."""
-    return {secret}
+@dataclass(frozen=True, repr=False)
+class _Matcher:
+    full: re.Pattern[bytes]
+    prefix: re.Pattern[bytes]
+    longest: int
+
+
+@functools.lru_cache(maxsize=64)  # a rotation recompiles only the new secret's texts
+def _matcher(text: Text) -> tuple[_Matcher, frozenset[Anchor], frozenset[int]]:
+    compiled = compile_text(text)
+    matcher = _Matcher(re.compile(compiled.full), re.compile(compiled.prefix), compiled.longest)
+    return matcher, compiled.anchors, compiled.alphabet
 
 
 class Redactor:
     def __init__(self, secrets: Iterable[bytes], extra_forms: Iterable[bytes] = ()) -> None:
-        found: set[bytes] = set(extra_forms)
-        for secret in secrets:
-            if len(secret) >= MIN_SECRET_LENGTH:
-                found |= forms(secret)
-        self.forms: tuple[bytes, ...] = tuple(sorted((f for f in found if f), key=lambda f: (-len(f), f)))
-        self.longest = max((len(f) for f in self.forms), default=0)
-        # longest alternatives first, so a longer form wins over one it contains
-        self._pattern = re.compile(b"|".join(re.escape(f) for f in self.forms)) if self.forms else None
-        self._prefixes = {f[:k] for f in self.forms for k in range(1, len(f) + 1)}
-
+        found: list[Text] = [t for s in secrets if len(s) >= MIN_SECRET_LENGTH for t in texts(s)]
+        found += [Text("injected", f, escaped="none") for f in extra_forms if len(f) >= MIN_SECRET_LENGTH]
+        owners: dict[Anchor, int] = {}  # anchor → bitmask of the texts it anchors
+        alphabet: set[int] = set()
+        self._matchers: list[_Matcher] = []
+        for text in dict.fromkeys(found):
+            matcher, text_anchors, text_alphabet = _matcher(text)
+            for anchor in text_anchors:
+                owners[anchor] = owners.get(anchor, 0) | 1 << len(self._matchers)
+            self._matchers.append(matcher)
+            alphabet |= text_alphabet
+        self.texts = len(self._matchers)
+        self.longest = max((m.longest for m in self._matchers), default=0)
+        self.alphabet = bytes(sorted(alphabet))  # every byte any occurrence can hold
+        # One automaton per escape family, searched only when the first byte of its introducer
+        # occurs (a memchr): the always-on one stays small (a few verbatim anchors), so it runs as
+        # Teddy. Each pattern carries the texts to verify around a hit of it.
+        self._prefilters: list[tuple[bytes, BytesAhoCorasick, list[int]]] = []
+        for family in FAMILIES:
+            patterns = sorted(a for f, a in owners if f == family)
+            if patterns:
+                automaton = BytesAhoCorasick(patterns, matchkind=MATCHKIND_LEFTMOST_FIRST)
+                masks = _with_hidden([owners[family, p] for p in patterns], patterns)
+                self._prefilters.append((family[:1].encode(), automaton, masks))
     def __repr__(self) -> str:
-        return f"Redactor(forms={len(self.forms)}, longest={self.longest})"
+        return f"Redactor(texts={self.texts}, longest={self.longest})"
 
     def redact(self, data: bytes) -> tuple[bytes, int]:
-        """Redact a complete value (a header, a status reason); returns (value, count)."""
-        if self._pattern is None:
-            return data, 0
-        out, count = self._pattern.subn(MARKER, data)
-        return out, count
-
-    def held_suffix(self, data: bytes) -> int:
-        """Length of the longest suffix of ``data`` that could begin a form."""
-        for k in range(min(self.longest, len(data)), 0, -1):
-            if data[-k:] in self._prefixes:
-                return k
-        return 0
+        """Redact a complete value (a header, a whole body); returns (value, count)."""
+        spans = self.spans(data)
+        return _replace(data, spans, len(data)), len(spans)
 
     def stream(self) -> StreamRedactor:
         return StreamRedactor(self)
 
-    def matches(self, data: bytes) -> Sequence[tuple[int, int]]:
-        if self._pattern is None:
-            return ()
-        return [m.span() for m in self._pattern.finditer(data)]
+    def spans(self, data: bytes) -> list[tuple[int, int]]:
+        """Non-overlapping (start, end) of every occurrence, left to right."""
+        hits: list[tuple[int, int, int]] = []
+        for gate, automaton, masks in self._prefilters:
+            if not gate or gate in data:
+                hits += [(a, b, masks[i]) for i, a, b in automaton.find_matches_as_indexes(data)]
+        if not hits:
+            return []
+        if len(self._prefilters) > 1:
+            hits.sort()
+        # an occurrence holding the anchor hit [a, b) starts in [a - longest, b): merge such ranges
+        window = self.longest
+        regions: list[list[int]] = []
+        for a, b, mask in hits:
+            if regions and a - window <= regions[-1][1]:
+                regions[-1][1] = max(regions[-1][1], b)
+                regions[-1][2] |= mask
+            else:
+                regions.append([a, b, mask])
+        spans: list[tuple[int, int]] = []
+        pos = 0
+        for first, high, mask in regions:
+            matchers = [m for i, m in enumerate(self._matchers) if mask >> i & 1]
+            while pos < high:
+                found = self._leftmost_longest(matchers, data, pos, first, high)
+                if found is None:
+                    break
+                spans.append(found)
+                pos = found[1]
+        return spans
+
+    @staticmethod
+    def _leftmost_longest(matchers: list[_Matcher], data: bytes, pos: int, first: int, high: int
+                          ) -> tuple[int, int] | None:
+        """The leftmost occurrence starting before ``high`` (the longest of those starting at the
+        same byte), searching each text only as far as its own longest occurrence reaches."""
+        best: tuple[int, int] | None = None
+        for matcher in matchers:
+            reach = matcher.longest
+            stop = min(len(data), high + reach, best[0] + reach if best else len(data))
+            m = matcher.full.search(data, max(pos, first - reach), stop)
+            if m is None or m.start() >= high:
+                continue
+            if best is None or m.start() < best[0] or (m.start() == best[0] and m.end() > best[1]):
+                best = m.span()
+        return best
+
+    def held_suffix(self, data: bytes) -> int:
+        """Length of the longest suffix of ``data`` that could still begin an occurrence."""
+        if not self._matchers:
+            return 0
+        low = max(0, len(data) - self.longest)
+        # an occurrence is made of alphabet bytes only: look no further back than the last other byte
+        start = low + len(data[low:].rstrip(self.alphabet))
+        earliest = len(data)
+        for matcher in self._matchers:
+            m = matcher.prefix.search(data, start, len(data))
+            if m is not None and m.start() < earliest:
+                earliest = m.start()
+                if earliest == start:
+                    break
+        return len(data) - earliest
+
+
+def _with_hidden(masks: list[int], patterns: list[bytes]) -> list[int]:
+    """A leftmost-first search does not report an anchor that starts inside a reported one, so a
+    hit must also stand for the texts of every anchor that could start inside it."""
+    out = list(masks)
+    for i, hit in enumerate(patterns):
+        for j, other in enumerate(patterns):
+            overlaps = any(other.startswith(hit[k:]) or hit[k:].startswith(other) for k in range(len(hit)))
+            if i != j and overlaps:
+                out[i] |= masks[j]
+    return out
+
+
+def _replace(data: bytes, spans: list[tuple[int, int]], cut: int) -> bytes:
+    if not spans:
+        return data[:cut] if cut < len(data) else data
+    out: list[bytes] = []
+    pos = 0
+    for start, end in spans:
+        out += (data[pos:start], MARKER)
+        pos = end
+    out.append(data[pos:max(pos, cut)])
+    return b"".join(out)
 
 
 class StreamRedactor:
@@ -68,7 +183,7 @@ class StreamRedactor:
         self.count = 0
 
     def feed(self, chunk: bytes) -> bytes:
-        return self._process(self._carry + chunk, final=False)
+        return self._process(self._carry + chunk if self._carry else chunk, final=False)
 
     def finish(self) -> bytes:
         return self._process(self._carry, final=True)
@@ -77,16 +192,9 @@ class StreamRedactor:
         if not data:
             return b""
         boundary = len(data) if final else len(data) - self._r.held_suffix(data)
-        out: list[bytes] = []
-        pos = 0
-        for start, end in self._r.matches(data):
-            if start >= boundary:
-                break  # may still grow into a longer form: decide when more bytes arrive
-            out.append(data[pos:start])
-            out.append(MARKER)
-            pos = end
-            self.count += 1
-        cut = max(pos, boundary)
-        out.append(data[pos:cut])
+        # an occurrence starting at or after the boundary may still grow: decide when more arrives
+        spans = [s for s in self._r.spans(data) if s[0] < boundary]
+        self.count += len(spans)
+        cut = max(spans[-1][1], boundary) if spans else boundary
         self._carry = data[cut:]
-        return b"".join(out)
+        return _replace(data, spans, cut)

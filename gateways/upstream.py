@@ -21,7 +21,13 @@ from policies.model import Upstream
 for _name in ("httpx", "httpcore"):
     logging.getLogger(_name).setLevel(logging.WARNING)
 
-RESPONSE_DROPPED = HOP_BY_HOP | frozenset({b"content-length", b"proxy-authenticate", b"alt-svc"})
+# Content-Length and digests: the body may change length and bytes (redaction); Content-Encoding:
+# a compressed body is decoded before redaction (gateways/encodings.py) and sent as identity.
+# Trailers never arrive here: httpx (h11) reads and drops them.
+RESPONSE_DROPPED = HOP_BY_HOP | frozenset({
+    b"content-length", b"content-encoding", b"content-md5", b"digest", b"content-digest", b"repr-digest",
+    b"proxy-authenticate", b"alt-svc",
+})
 
 
 class UpstreamClient:
@@ -114,7 +120,8 @@ def rewrite_location(value: str, upstream: Upstream) -> str:
 
 
 def response_headers(raw: list[tuple[bytes, bytes]], upstream: Upstream) -> Headers:
-    """Upstream response headers minus hop-by-hop and length (the body may change length)."""
+    """Upstream response headers minus hop-by-hop, length, coding and digests (see above); the
+    status reason is never forwarded (ASGI sends the standard phrase)."""
     named = {
         part.strip().lower().encode()
         for k, v in raw if k.lower() == b"connection"

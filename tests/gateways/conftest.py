@@ -22,6 +22,7 @@ from gateways.settings import GatewaySettings
 from policies.load import load_policy_dir
 from policies.model import PolicySet
 from tests.support.certs import make_ca, make_leaf
+from tests.support.rawhttp import RawUpstream
 from tests.support.servers import ThreadedServer
 from tests.support.upstreams import EchoUpstream
 
@@ -87,6 +88,7 @@ allow:
   tlsbad: [read_items]
   nolocal: [read_items]
   gone: [read_items]
+  rawleak: [read_items]
 """
 
 
@@ -99,6 +101,7 @@ class Stack:
     upstreams: dict[str, EchoUpstream]
     ca_file: Path
     gateways: dict[str, ThreadedServer] = field(default_factory=dict)
+    raw: RawUpstream | None = None  # upstream "rawleak": a bare HTTP/1.1 server (gateway started by tests)
 
     def app(self, name: str) -> GatewayApp:
         app: GatewayApp = self.gateways[name].server.config.app
@@ -169,6 +172,8 @@ def gateway_stack(vault: OpenBaoDev, redis_server: RedisServer,
         echoes[name] = echo
         if name != "gone":
             servers.append(server)
+    raw = RawUpstream().start()
+    (policy_dir / "rawleak.yaml").write_text(_policy("rawleak", f"http://127.0.0.1:{raw.port}", BEARER))
     (policy_dir / "tester.yaml").write_text(RUNTIME)
     policies = load_policy_dir(policy_dir)
     dev = DevVault.create(vault.addr, vault.root_token, policies)
@@ -181,7 +186,7 @@ def gateway_stack(vault: OpenBaoDev, redis_server: RedisServer,
         "VALETKEY_POLICY_DIR": str(Path(policy_dir)), "VALETKEY_ISSUER": ISSUER,
     })
     broker = ThreadedServer(create_app(settings, policies)).start()
-    stack = Stack(dev, policies, broker.url, redis_server.url, echoes, ca_file)
+    stack = Stack(dev, policies, broker.url, redis_server.url, echoes, ca_file, raw=raw)
     try:
         for name in PLACEMENTS:
             stack.gateways[name] = start_gateway(stack, name)
@@ -192,3 +197,4 @@ def gateway_stack(vault: OpenBaoDev, redis_server: RedisServer,
         broker.stop()
         for server in servers:
             server.stop()
+        raw.stop()

@@ -18,6 +18,8 @@ from urllib.parse import parse_qsl
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from tests.support import leaks
+
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -130,7 +132,51 @@ async def _slow(up: EchoUpstream, scope: Scope, seen: Seen, send: Send) -> None:
     await _json(send, 200, {"slow": True})
 
 
+LEAK_GATE = threading.Semaphore(0)  # /leak?where=sse: the next event waits for the test's release
+
+
+async def _leak(up: EchoUpstream, scope: Scope, seen: Seen, send: Send) -> None:
+    """Echo the real secret in the form and place the request names (see tests/support/leaks.py):
+    ``?form=NAME&where=body|sse|header:NAME&size=BYTES&chunk=BYTES&split=OFFSET&encoding=CODINGS``.
+    ``split`` cuts the body inside the form's first occurrence, at that offset, and pauses there."""
+    q = dict(parse_qsl(seen.query))
+    form, redacted = leaks.FORMS[q["form"]](up.secret)
+    where = q.get("where", "body")
+    headers = [(b"content-type", b"text/event-stream" if where == "sse" else b"application/json")]
+    body = b'{"ok": true}\n'
+    if where.startswith("header:"):
+        headers.append((where[7:].encode(), leaks.HEADERS[where[7:]](form)))
+    elif where == "body":
+        body, _ = leaks.leak_body(form, redacted, int(q.get("size", "0")))
+    if "encoding" in q:
+        body = leaks.encode(body, q["encoding"])
+        headers.append((b"content-encoding", leaks.header_coding(q["encoding"])))
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    if where == "sse":
+        loop = asyncio.get_running_loop()
+        for n in range(3):
+            event = b'data: {"n": %d, "echo": "%s"}\n\n' % (n, form)
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+            if not await loop.run_in_executor(None, LEAK_GATE.acquire, True, 10.0):
+                break
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+        return
+    pieces = [body]
+    if "split" in q:
+        cut = body.index(form) + int(q["split"])
+        pieces = [body[:cut], body[cut:]]
+    elif int(q.get("chunk", "0")):
+        size = int(q["chunk"])
+        pieces = [body[i:i + size] for i in range(0, len(body), size)]
+    for piece in pieces:
+        await send({"type": "http.response.body", "body": piece, "more_body": True})
+        if len(pieces) > 1 and len(piece) < 1024:
+            await asyncio.sleep(0.005 if len(pieces) == 2 else 0.001)  # each piece read on its own
+    await send({"type": "http.response.body", "body": b""})
+
+
 ROUTES: dict[str, Callable[[EchoUpstream, Scope, Seen, Send], Awaitable[None]]] = {
+    "leak": _leak,
     "redirect-home": _redirect_home,
     "redirect-away": _redirect_away,
     "sse": _sse,
