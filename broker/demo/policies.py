@@ -56,7 +56,9 @@ def upstream_documents(ports: dict[str, int]) -> dict[str, dict[str, Any]]:
         "anthropic": {
             "description": "Demo Anthropic Messages API (broker.demo.anthropic_like).",
             "secret": _secret("anthropic", "api_key"),
-            "inject": {"header": "x-api-key", "accept": [{"header": "Authorization", "format": "Bearer {secret}"}]},
+            # SDK 1.x sends x-api-key, 2.x Authorization: Bearer: accept both, inject x-api-key
+            "inject": {"header": "x-api-key",
+                       "accept": [{"header": "Authorization", "format": "Bearer {secret}"}]},
             "env": {"placeholder": "ANTHROPIC_API_KEY", "base_url": "ANTHROPIC_BASE_URL"},
             "purposes": {
                 "messages": _purpose("Create messages, streamed or not, and count their tokens.", ["POST"],
