@@ -11,6 +11,7 @@ itself; no upstream path starts with ``/.valetkey/``.
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from dataclasses import dataclass, field
 from typing import Any
@@ -135,6 +136,7 @@ class Gateway:
         await self.revocations.start()
         await self.webhook.start()
         await self.secrets.start()
+        await asyncio.to_thread(self.redactor)  # compile the forms now, not on the first request
         await self.resolver.start()
         await self.keys.refresh(force=True)
         await self.audit.start()
