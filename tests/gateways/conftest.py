@@ -146,6 +146,7 @@ def gateway_stack(vault: OpenBaoDev, redis_server: RedisServer,
                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     policy_dir = tmp_path_factory.mktemp("gateway-policies")
     echoes: dict[str, EchoUpstream] = {}
+    held: list[socket.socket] = []
     servers: list[ThreadedServer] = []
     for name, (inject, placement) in PLACEMENTS.items():
         echo = EchoUpstream(placement, secret="")
@@ -165,7 +166,12 @@ def gateway_stack(vault: OpenBaoDev, redis_server: RedisServer,
             server = ThreadedServer(echo, http=echo.protocol())
             base_url = f"http://localhost:{server.port}"
         else:
-            server = ThreadedServer(echo)  # never started: nobody listens on its port
+            # a socket bound for the whole session but never listening: connections are refused,
+            # and no other test server can be given this port meanwhile
+            closed = socket.socket()
+            closed.bind(("127.0.0.1", 0))
+            held.append(closed)
+            server = ThreadedServer(echo, port=closed.getsockname()[1])  # never started
             base_url = f"http://127.0.0.1:{server.port}"
         echo.port = server.port
         (policy_dir / f"{name}.yaml").write_text(_policy(name, base_url, BEARER, name != "nolocal"))
@@ -198,3 +204,5 @@ def gateway_stack(vault: OpenBaoDev, redis_server: RedisServer,
         for server in servers:
             server.stop()
         raw.stop()
+        for sock in held:
+            sock.close()
