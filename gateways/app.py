@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import redis.asyncio as aioredis
+from prometheus_client import start_http_server
 
 from broker.jwks import KeyCache, http_fetcher
 from broker.secret import Secret
@@ -70,6 +71,7 @@ class Gateway:
     detectors: Detectors
     webhook: WebhookSender
     _scanner: tuple[int, CredentialScanner] | None = field(default=None, repr=False)
+    _metrics_server: tuple[Any, Any] | None = field(default=None, repr=False)
     _redactor: tuple[int, Redactor] | None = field(default=None, repr=False)
 
     @property
@@ -140,8 +142,16 @@ class Gateway:
         await self.resolver.start()
         await self.keys.refresh(force=True)
         await self.audit.start()
+        if self.settings.metrics_listen is not None:
+            host, port = self.settings.metrics_listen
+            self._metrics_server = start_http_server(port, addr=host, registry=self.metrics.registry)
 
     async def stop(self) -> None:
+        if self._metrics_server is not None:
+            server, thread = self._metrics_server
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=5)
         await self.audit.stop()
         await self.webhook.stop()
         await self.revocations.stop()

@@ -43,6 +43,7 @@ class GatewaySettings:
     upstream_ca_file: str | None = None
     broker_ca_file: str | None = None
     revocation_max_stale: float = 3.0
+    metrics_listen: tuple[str, int] | None = None  # a /metrics port the sandbox cannot reach
     alert_webhook_url: str = ""
     alert_webhook_secret: Secret | None = None
     audit_stream: str = "valetkey:audit"
@@ -83,6 +84,7 @@ class GatewaySettings:
             upstream_ca_file=_ca_file(env, "VALETKEY_UPSTREAM_CA_FILE"),
             broker_ca_file=_ca_file(env, "VALETKEY_BROKER_CA_FILE"),
             revocation_max_stale=float(_duration(env, "VALETKEY_REVOCATION_MAX_STALE", "3s")),
+            metrics_listen=_listen(env, "VALETKEY_METRICS_LISTEN"),
             alert_webhook_url=_checked_url("VALETKEY_ALERT_WEBHOOK_URL", env["VALETKEY_ALERT_WEBHOOK_URL"])
             if env.get("VALETKEY_ALERT_WEBHOOK_URL") else "",
             alert_webhook_secret=Secret(env["VALETKEY_ALERT_WEBHOOK_SECRET"])
@@ -90,6 +92,14 @@ class GatewaySettings:
             audit_maxlen=_int("VALETKEY_AUDIT_MAXLEN", env.get("VALETKEY_AUDIT_MAXLEN", "100000"),
                               1000, 100_000_000),
         )
+
+
+def _listen(env: Mapping[str, str], key: str) -> tuple[str, int] | None:
+    value = env.get(key, "")
+    if not value:
+        return None
+    host, _, port = value.rpartition(":")
+    return host.strip("[]") or "127.0.0.1", _int(key, port, 1, 65535)
 
 
 def _ca_file(env: Mapping[str, str], key: str) -> str | None:

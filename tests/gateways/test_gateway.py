@@ -372,3 +372,19 @@ def test_no_secret_or_token_in_any_log_record(gateway_stack: Stack, bundle: dict
         assert secret not in text
     assert token not in text
     assert GHP not in text
+
+
+def test_metrics_on_a_port_of_their_own(gateway_stack: Stack) -> None:
+    """Prometheus can scrape a listener the sandbox never reaches (VALETKEY_METRICS_LISTEN)."""
+    from broker.localstack import free_port
+    from tests.gateways.conftest import start_gateway
+
+    port = free_port()
+    server = start_gateway(gateway_stack, "echo", VALETKEY_METRICS_LISTEN=f"127.0.0.1:{port}")
+    try:
+        token = gateway_stack.mint([ITEM])["env"]["ECHO_TOKEN"]
+        httpx.get(f"{server.url}/v1/items", headers={"Authorization": f"Bearer {token}"})
+        scraped = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    finally:
+        server.stop()
+    assert 'valetkey_gateway_requests_total{decision="allow",reason="ok",upstream="echo"}' in scraped
