@@ -101,7 +101,7 @@ class AuditSink:
         self._stream = stream
         self._maxlen = maxlen
         self._metrics = metrics
-        self._queue: asyncio.Queue[tuple[AuditRecord, int]] = asyncio.Queue(QUEUE_SIZE)
+        self._queue: asyncio.Queue[tuple[AuditRecord, int, str]] = asyncio.Queue(QUEUE_SIZE)
         self._task: asyncio.Task[None] | None = None
         self.observer: Observer | None = None  # the alert detectors, fed after each batch
 
@@ -110,7 +110,7 @@ class AuditSink:
         log.info(line)
         self._metrics.observe(record)
         try:
-            self._queue.put_nowait((record, run_expires))
+            self._queue.put_nowait((record, run_expires, line))  # serialised once, written twice
         except asyncio.QueueFull:
             self._metrics.audit_dropped.labels(record.upstream).inc()
 
@@ -132,12 +132,12 @@ class AuditSink:
             while not self._queue.empty() and len(batch) < 256:
                 batch.append(self._queue.get_nowait())
             try:
-                await self._write([record for record, _ in batch])
+                await self._write([(record, line) for record, _, line in batch])
                 if self.observer is not None:
-                    for record, run_expires in batch:
+                    for record, run_expires, _ in batch:
                         await self.observer(record, run_expires)
             except (RedisError, OSError, ValetkeyError):
-                for record, _ in batch:
+                for record, _, _ in batch:
                     self._metrics.audit_dropped.labels(record.upstream).inc()
                 log.warning('{"event":"audit_stream_write_failed","lines":%d}', len(batch))
                 await asyncio.sleep(0.5)
@@ -145,10 +145,10 @@ class AuditSink:
                 for _ in batch:
                     self._queue.task_done()
 
-    async def _write(self, batch: list[AuditRecord]) -> None:
+    async def _write(self, batch: list[tuple[AuditRecord, str]]) -> None:
         async with self._redis.pipeline(transaction=False) as pipe:
-            for record in batch:
-                pipe.xadd(self._stream, {"line": record.to_json(), "run": record.run,
+            for record, line in batch:
+                pipe.xadd(self._stream, {"line": line, "run": record.run,
                                          "runtime": record.runtime, "kind": "request"},
                           maxlen=self._maxlen, approximate=True)
             await pipe.execute()
