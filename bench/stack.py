@@ -78,6 +78,9 @@ class BenchStack:
     vault: DevVault | None = None
     redis_url: str = ""
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    gateway_procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    broker: subprocess.Popen[bytes] | None = None
+    _common: dict[str, str] = field(default_factory=dict)
     _stack: ExitStack = field(default_factory=ExitStack)
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="valetkey-bench-")))
 
@@ -106,24 +109,33 @@ class BenchStack:
         wait_http(f"http://127.0.0.1:{self.upstream_port}/", proc=upstream)
         broker_port = free_port()
         self.broker_url = f"http://127.0.0.1:{broker_port}"
-        common = {"VAULT_ADDR": vault.addr, "VALETKEY_REDIS_URL": redis.url, "VALETKEY_ISSUER": ISSUER,
-                  "VALETKEY_POLICY_DIR": str(policy_dir)}
-        broker = self.spawn("broker", [sys.executable, "-m", "broker.cli", "broker", "serve", "--log-level",
-                                       "warning"],
-                            {**common, "VAULT_TOKEN": self.vault.broker_token,
-                             "VALETKEY_LISTEN": f"127.0.0.1:{broker_port}"})
-        wait_http(f"{self.broker_url}/readyz", proc=broker)
-        for i in range(self.gateways):
-            port = free_port()
-            env = {**common, "VAULT_TOKEN": self.vault.gateway_token(UPSTREAM),
-                   "VALETKEY_BROKER_URL": self.broker_url, "VALETKEY_LISTEN": f"127.0.0.1:{port}",
-                   **self.env_extra}
-            proc = self.spawn(f"gateway-{i}", [sys.executable, "-m", "broker.cli", "gateway", "serve",
-                                               "--upstream", UPSTREAM, "--workers", str(self.workers),
-                                               "--log-level", "warning"], env)
-            self.gateway_urls.append(f"http://127.0.0.1:{port}")
-            wait_http(f"http://127.0.0.1:{port}/.valetkey/readyz", proc=proc)
+        self._common = {"VAULT_ADDR": vault.addr, "VALETKEY_REDIS_URL": redis.url, "VALETKEY_ISSUER": ISSUER,
+                        "VALETKEY_POLICY_DIR": str(policy_dir)}
+        self.broker = self.spawn("broker", [sys.executable, "-m", "broker.cli", "broker", "serve",
+                                            "--log-level", "warning"],
+                                 {**self._common, "VAULT_TOKEN": self.vault.broker_token,
+                                  "VALETKEY_LISTEN": f"127.0.0.1:{broker_port}"})
+        wait_http(f"{self.broker_url}/readyz", proc=self.broker)
+        for _ in range(self.gateways):
+            self.add_gateway(self.workers)
         return self
+
+    def add_gateway(self, workers: int) -> str:
+        """Start one more ``valetkey gateway serve`` with ``workers`` worker processes; its URL."""
+        if self.vault is None:
+            raise RuntimeError("stack not started")
+        port = free_port()
+        env = {**self._common, "VAULT_TOKEN": self.vault.gateway_token(UPSTREAM),
+               "VALETKEY_BROKER_URL": self.broker_url, "VALETKEY_LISTEN": f"127.0.0.1:{port}",
+               **self.env_extra}
+        proc = self.spawn(f"gateway-{len(self.gateway_procs)}",
+                          [sys.executable, "-m", "broker.cli", "gateway", "serve", "--upstream", UPSTREAM,
+                           "--workers", str(workers), "--log-level", "warning"], env)
+        self.gateway_procs.append(proc)
+        url = f"http://127.0.0.1:{port}"
+        self.gateway_urls.append(url)
+        wait_http(f"{url}/.valetkey/readyz", proc=proc)
+        return url
 
     def mint(self, purposes: tuple[str, ...] = ("read", "write"), ttl: str = "1h") -> dict[str, Any]:
         if self.vault is None:
