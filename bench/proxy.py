@@ -57,6 +57,7 @@ class Target:
     url: str
     auth: str  # the Authorization value the client sends
     pids: Callable[[], list[int]] | None = None  # sampled for RSS and CPU under load
+    diagnose: Callable[[], str] | None = None  # what the target itself says about a failure
 
 
 @dataclass(frozen=True)
@@ -149,14 +150,19 @@ def compare(targets: list[Target], plan: Plan, wrk_binary: str | None, secret: s
                 pids = t.pids or (lambda: [])
                 sampler = Sampler(pids)
                 cpu_before = cpu_seconds(pids())
-                with sampler:
-                    tp = checked(throughput(wrk_binary, t.url, t.auth, kind, plan.connections, plan.seconds,
-                                            secret), f"{where}, throughput")
-                cpu = cpu_seconds(pids()) - cpu_before
-                requests = tp.get("requests") or tp.get("completed") or 0
-                settle(pids)
-                lat = checked(latency(t.url, t.auth, kind, plan.rates[kind.name], plan.latency_seconds,
-                                      secret), f"{where}, latency")
+                try:
+                    with sampler:
+                        tp = checked(throughput(wrk_binary, t.url, t.auth, kind, plan.connections,
+                                                plan.seconds, secret), f"{where}, throughput")
+                    cpu = cpu_seconds(pids()) - cpu_before
+                    requests = tp.get("requests") or tp.get("completed") or 0
+                    settle(pids)
+                    lat = checked(latency(t.url, t.auth, kind, plan.rates[kind.name], plan.latency_seconds,
+                                          secret), f"{where}, latency")
+                except BenchFailure as exc:
+                    if t.diagnose is None:
+                        raise
+                    raise BenchFailure(f"{exc}; {t.diagnose()}") from None
                 cell = raw[t.name][kind.name]
                 cell["rps"].append(tp["rps"])
                 cell["p50"].append(lat["latency_ms"]["p50"])

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -109,6 +111,28 @@ def redaction(cfg: Config) -> dict[str, str]:
     return {"output": done.stdout.strip()}
 
 
+def audit_refusals(redis_url: str, limit: int = 5000) -> str:
+    """The gateway's own word on its non-200 answers: status and reason from the audit stream."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        entries = client.xrevrange("valetkey:audit", count=limit)
+    except redis.RedisError as exc:
+        return f"audit stream unreadable ({type(exc).__name__})"
+    finally:
+        client.close()
+    reasons: Counter[str] = Counter()
+    for _, fields in entries or []:
+        if (fields or {}).get(b"kind") != b"request":
+            continue
+        line = json.loads((fields or {}).get(b"line", b"{}"))
+        if line.get("status") != 200:
+            reasons[f"{line.get('status')} {line.get('decision')}/{line.get('reason')}"] += 1
+    found = ", ".join(f"{k} x{n}" for k, n in reasons.most_common(5))
+    return f"gateway audit (last {len(entries or [])} lines): {found or 'every line is 200'}"
+
+
 def proxies(stack: BenchStack, scope: ExitStack, token: str, cores: int,
             results: dict[str, Any]) -> tuple[list[Target], dict[str, Any]]:
     """The targets of table 1 (direct, nginx, mitmproxy, both gateways) and their memory at start."""
@@ -132,11 +156,12 @@ def proxies(stack: BenchStack, scope: ExitStack, token: str, cores: int,
                             lambda: [mitm.pid]))
     else:
         results["skipped"].append("mitmproxy: not installed (./scripts/bench installs it into .venv-bench)")
+    audit = functools.partial(audit_refusals, stack.redis_url)
     found.append(Target("gateway-1", "valetkey gateway, 1 worker", stack.gateway_urls[0], placeholder,
-                        lambda: [gw1]))
+                        lambda: [gw1], audit))
     if cores > 1:
         found.append(Target(f"gateway-{cores}", f"valetkey gateway, {cores} workers", stack.gateway_urls[1],
-                            placeholder, lambda: workers_of(gwn, cores)))
+                            placeholder, lambda: workers_of(gwn, cores), audit))
     memory = {"workers": cores, "gateway_1_start": rss_mb(gw1),
               "gateway_n_start": total_mb(workers_of(gwn, cores)) if gwn else 0.0,
               "gateway_n_supervisor": rss_mb(gwn) if gwn else 0.0}

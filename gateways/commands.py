@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 
 import click
@@ -46,7 +47,10 @@ def gateway_serve(upstream: str, workers: int, log_level: str) -> None:
         os.environ["VALETKEY_GATEWAY_UPSTREAM"] = upstream
         cfg = config("gateways.server:from_env", settings.host, settings.port, log_level, workers)
         cfg.factory = True
-        sock = cfg.bind_socket()
+        # uvicorn binds with proto=0, and asyncio then leaves Nagle on for accepted connections
+        # (40 ms stalls on keep-alive); rewrap the socket as IPPROTO_TCP so TCP_NODELAY applies
+        bound = cfg.bind_socket()
+        sock = socket.socket(bound.family, bound.type, socket.IPPROTO_TCP, fileno=bound.detach())
         uvicorn.supervisors.Multiprocess(cfg, sockets=[sock]).run()
         return
     app = GatewayApp(settings, policies.upstreams[upstream], alerting=policies.alerting)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import ssl
 from collections.abc import AsyncIterator
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from urllib.parse import urlsplit
 
 import httpx
@@ -39,6 +40,9 @@ class UpstreamClient:
         # certificates are verified for the policy's hostname (sent as SNI), never the pinned IP
         verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca_file) if ca_file else True
         self._client = httpx.AsyncClient(
+            # no cookie jar: one client serves every run, so a cookie set for one run must never be
+            # sent on another's request (the sandbox's own Cookie header is stripped, by design)
+            cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),
             verify=verify,
             follow_redirects=False,
             trust_env=False,  # never an HTTP(S)_PROXY from the environment

@@ -388,3 +388,14 @@ def test_metrics_on_a_port_of_their_own(gateway_stack: Stack) -> None:
     finally:
         server.stop()
     assert 'valetkey_gateway_requests_total{decision="allow",reason="ok",upstream="echo"}' in scraped
+
+
+def test_upstream_cookies_never_cross_requests(gateway_stack: Stack) -> None:
+    """The gateway's one upstream client serves every run: it must keep no cookie jar."""
+    first = gateway_stack.mint([ITEM])["env"]["ECHO_TOKEN"]
+    second = gateway_stack.mint([ITEM])["env"]["ECHO_TOKEN"]
+    url = gateway_stack.url("echo")
+    set_cookie = httpx.get(f"{url}/v1/items/set-cookie", headers={"Authorization": f"Bearer {first}"})
+    assert set_cookie.headers["set-cookie"].startswith("session=run-a-session")
+    httpx.get(f"{url}/v1/items", headers={"Authorization": f"Bearer {second}"})
+    assert gateway_stack.upstreams["echo"].seen[-1].header("cookie") == []

@@ -175,7 +175,12 @@ async def _leak(up: EchoUpstream, scope: Scope, seen: Seen, send: Send) -> None:
     await send({"type": "http.response.body", "body": b""})
 
 
+async def _set_cookie(up: EchoUpstream, scope: Scope, seen: Seen, send: Send) -> None:
+    await _json(send, 200, {}, [(b"set-cookie", b"session=run-a-session; Path=/")])
+
+
 ROUTES: dict[str, Callable[[EchoUpstream, Scope, Seen, Send], Awaitable[None]]] = {
+    "set-cookie": _set_cookie,
     "leak": _leak,
     "redirect-home": _redirect_home,
     "redirect-away": _redirect_away,
