@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from policies import checks
+from policies import checks, runtime_checks
 from policies.alerting import alerts
 from policies.model import POLICY_VERSION, Alerting, PolicySet, Runtime, Upstream
 
@@ -104,7 +104,7 @@ def load_policy_files(files: list[Path]) -> PolicySet:
                 if upstream is not None:
                     _add_unique(upstreams, upstream.name, upstream, "upstream", report)
             elif kind == "runtime":
-                runtime = checks.runtime(doc, report)
+                runtime = runtime_checks.runtime(doc, report)
                 if runtime is not None:
                     _add_unique(runtimes, runtime.name, runtime, "runtime", report)
             elif kind == "alerts":
@@ -120,7 +120,7 @@ def load_policy_files(files: list[Path]) -> PolicySet:
                     "set `kind: upstream`, `kind: runtime` or `kind: alerts`",
                 )
     if not problems:
-        checks.cross_references(upstreams, runtimes, problems)
+        runtime_checks.cross_references(upstreams, runtimes, problems)
     if problems:
         raise PolicyLoadError(problems)
     return PolicySet(upstreams=MappingProxyType(upstreams), runtimes=MappingProxyType(runtimes),
