@@ -30,6 +30,7 @@ class Reason(StrEnum):
     INTERNAL_ERROR = "internal_error"
     # request shape
     INVALID_REQUEST = "invalid_request"
+    CLIENT_DISCONNECTED = "client_disconnected"
     BODY_TOO_LARGE = "body_too_large"
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"

@@ -38,8 +38,10 @@ PREFIX = "valetkey:detect:"
 FIRED_TTL = 24 * 3600
 RETRIES = (0.2, 0.5, 1.0, 2.0, 5.0)
 # refusals that say nothing about the agent's intent: a run retrying into its own rate limit has its
-# own alert (budget_exhausted); stale state is ours; a revoked run is already stopped
-NOT_A_DENIAL_SIGNAL = frozenset({"budget_exceeded", "revocation_state_stale", "token_revoked"})
+# own alert (budget_exhausted); stale state is ours; a revoked run is already stopped; a client
+# that hangs up mid-upload (a cancelled call, a load generator stopping) refused nothing
+NOT_A_DENIAL_SIGNAL = frozenset({"budget_exceeded", "revocation_state_stale", "token_revoked",
+                                 "client_disconnected"})
 PROBE_REASONS = frozenset({"purpose_not_granted", "audience_mismatch", "method_refused", "invalid_token",
                            "absolute_form_target", "token_revoked"})
 

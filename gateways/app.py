@@ -12,6 +12,7 @@ itself; no upstream path starts with ``/.valetkey/``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,11 @@ from gateways.upstream import UpstreamClient
 from policies.model import Alerting, Injection, Placement, Upstream
 
 RESERVED_PREFIX = "/.valetkey/"
+
+# httpx logs each request URL at INFO and httpcore more at DEBUG; a webhook URL can itself be a
+# credential (Slack-style), so these loggers never go below WARNING in a valetkey process.
+for _name in ("httpx", "httpcore"):
+    logging.getLogger(_name).setLevel(logging.WARNING)
 
 
 def injected_forms(injection: Injection, secret: bytes) -> list[bytes]:

@@ -21,8 +21,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_to_bytes
 
-import httpx
-
 from broker.errors import (
     BadRequest,
     Forbidden,
@@ -45,6 +43,7 @@ from policies.model import Placement, Purpose
 
 if TYPE_CHECKING:
     from gateways.app import Gateway
+    from gateways.http1 import Response
     from gateways.redact import Redactor
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -207,7 +206,7 @@ async def _limited_stream(ex: Exchange, limit: int) -> AsyncIterator[bytes]:
     while True:
         message = await ex.receive()
         if message["type"] == "http.disconnect":
-            raise BadRequest("client went away while sending the body", Reason.INVALID_REQUEST)
+            raise BadRequest("client went away while sending the body", Reason.CLIENT_DISCONNECTED)
         chunk = bytes(message.get("body", b""))
         ex.record.bytes_in += len(chunk)
         if ex.record.bytes_in > limit:
@@ -264,17 +263,17 @@ async def _exchange(gw: Gateway, ex: Exchange, address: str, raw_target: bytes) 
     stream = redactor.stream()
     header_redactions = 0
     try:
-        decoder = body_decoder(v for k, v in response.headers.raw if k.lower() == b"content-encoding")
+        decoder = body_decoder(v for k, v in response.headers if k.lower() == b"content-encoding")
         body = _decoded_body(response, decoder)
         first = await anext(body, b"") if decoder else b""
         headers = []
-        for name, value in response_headers(response.headers.raw, gw.upstream):
+        for name, value in response_headers(response.headers, gw.upstream):
             clean, count = redactor.redact(value)
             header_redactions += count
             headers.append((name, clean))
         headers.append((b"x-valetkey-request-id", ex.record.request_id.encode()))
-        ex.record.status = response.status_code
-        await ex.send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+        ex.record.status = response.status
+        await ex.send({"type": "http.response.start", "status": response.status, "headers": headers})
         ex.response_started = True
         await _send_body(ex, stream.feed(first))
         async for piece in body:
@@ -293,19 +292,14 @@ async def _current_redactor(gw: Gateway) -> Redactor:
     return await asyncio.to_thread(gw.redactor)
 
 
-async def _decoded_body(response: httpx.Response, decoder: BodyDecoder) -> AsyncIterator[bytes]:
-    """The body as the sandbox will read it; httpx errors become gateway errors."""
-    try:
-        async for chunk in response.aiter_raw():
-            if not decoder:
-                yield chunk
-                continue
-            for piece in decoder.feed(chunk):
-                yield piece
-    except httpx.TimeoutException:
-        raise GatewayTimeout("upstream stalled mid-response", Reason.UPSTREAM_TIMEOUT) from None
-    except httpx.HTTPError:
-        raise UpstreamError("upstream broke off the response", Reason.UPSTREAM_PROTOCOL_ERROR) from None
+async def _decoded_body(response: Response, decoder: BodyDecoder) -> AsyncIterator[bytes]:
+    """The body as the sandbox will read it (upstream errors arrive as gateway errors)."""
+    async for chunk in response.iter_body():
+        if not decoder:
+            yield chunk
+            continue
+        for piece in decoder.feed(chunk):
+            yield piece
     if decoder:
         for piece in decoder.finish():
             yield piece

@@ -399,3 +399,30 @@ def test_upstream_cookies_never_cross_requests(gateway_stack: Stack) -> None:
     assert set_cookie.headers["set-cookie"].startswith("session=run-a-session")
     httpx.get(f"{url}/v1/items", headers={"Authorization": f"Bearer {second}"})
     assert gateway_stack.upstreams["echo"].seen[-1].header("cookie") == []
+
+
+def test_client_hanging_up_mid_upload_is_not_a_denial(gateway_stack: Stack) -> None:
+    """A client that goes away while sending its body (a cancelled call, a load generator
+    stopping) is audited ``client_disconnected`` and never trips the denial-burst auto-revoke."""
+    token = gateway_stack.mint([WRITE])["env"]["ECHO_TOKEN"]
+    port = int(gateway_stack.url("echo").rsplit(":", 1)[1])
+    head = (b"POST /v1/items/42 HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000\r\nAuthorization: Bearer " + token.encode() + b"\r\n\r\n{\"a\":")
+    for _ in range(12):  # over the default denial burst (10 a minute)
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(head)
+    client = redis.Redis.from_url(gateway_stack.redis_url)
+    try:
+        for _ in range(100):
+            lines = [json.loads(f[b"line"]) for _, f in client.xrevrange("valetkey:audit", count=300)]
+            hung_up = [line for line in lines if line.get("reason") == "client_disconnected"]
+            if len(hung_up) >= 12:
+                break
+            time.sleep(0.05)
+    finally:
+        client.close()
+    assert len(hung_up) >= 12
+    time.sleep(0.3)  # the detectors run after the lines are written
+    answer = httpx.post(f"{gateway_stack.url('echo')}/v1/items/42", json={"a": 1},
+                        headers={"Authorization": f"Bearer {token}"})
+    assert answer.status_code == 200, answer.text
