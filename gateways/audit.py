@@ -14,7 +14,8 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import parse_qsl, quote
 
 import redis.asyncio as aioredis
@@ -57,7 +58,8 @@ class AuditRecord:
     passthrough: str = ""  # where a real-looking credential was found (never the value)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
+        # every field is a str, int or float: a shallow dict is the whole record (asdict deep-copies)
+        return json.dumps(vars(self), separators=(",", ":"), sort_keys=True)
 
 
 class Metrics:
@@ -83,14 +85,25 @@ class Metrics:
             "valetkey_gateway_audit_dropped", "Audit lines not written to Redis",
             ["upstream"], registry=self.registry,
         )
+        self._children: dict[tuple[str, str, str], tuple[Any, ...]] = {}
 
     def observe(self, record: AuditRecord) -> None:
-        self.requests.labels(record.upstream, record.decision, record.reason).inc()
-        self.latency.labels(record.upstream, record.decision).observe(record.duration_ms / 1000)
-        self.bytes.labels(record.upstream, "in").inc(record.bytes_in)
-        self.bytes.labels(record.upstream, "out").inc(record.bytes_out)
+        key = (record.upstream, record.decision, record.reason)
+        children = self._children.get(key)
+        if children is None:  # label lookups cost more than the updates: once per label set
+            children = self._children[key] = (
+                self.requests.labels(*key), self.latency.labels(record.upstream, record.decision),
+                self.bytes.labels(record.upstream, "in"), self.bytes.labels(record.upstream, "out"),
+                self.redactions.labels(record.upstream))
+        requests, latency, bytes_in, bytes_out, redactions = children
+        requests.inc()
+        latency.observe(record.duration_ms / 1000)
+        if record.bytes_in:
+            bytes_in.inc(record.bytes_in)
+        if record.bytes_out:
+            bytes_out.inc(record.bytes_out)
         if record.redactions:
-            self.redactions.labels(record.upstream).inc(record.redactions)
+            redactions.inc(record.redactions)
 
 
 class AuditSink:
@@ -107,7 +120,8 @@ class AuditSink:
 
     def write(self, record: AuditRecord, run_expires: int = 0) -> None:
         line = record.to_json()
-        log.info(line)
+        if log.isEnabledFor(logging.INFO):
+            log.info(line)
         self._metrics.observe(record)
         try:
             self._queue.put_nowait((record, run_expires, line))  # serialised once, written twice

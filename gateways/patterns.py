@@ -26,6 +26,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from urllib.parse import unquote_to_bytes
 
+from ahocorasick_rs import BytesAhoCorasick
+
 from broker.errors import Reason
 from broker.secret import Secret
 
@@ -135,6 +137,42 @@ def _check(pattern: CredentialPattern) -> None:
         )
 
 
+_LITERAL = re.compile(r"[A-Za-z0-9_\-=/:' ]")
+_CLASS_BODY = re.compile(r"[A-Za-z0-9_. ]+")  # no ranges, no escapes: each character is a literal
+_GROUP_BODY = re.compile(r"[A-Za-z0-9_\-]+(?:\|[A-Za-z0-9_\-]+)*")
+MAX_PREFIXES = 16
+
+
+def _enclosed(regex: str, start: int, closer: str, allowed: re.Pattern[str]) -> str:
+    """The text from ``start`` to ``closer`` if all of it is ``allowed``; else ``""``."""
+    end = regex.find(closer, start)
+    body = regex[start:end] if end >= 0 else ""
+    return body if allowed.fullmatch(body) else ""
+
+
+def literal_prefixes(regex: str) -> list[str]:
+    """Strings one of which starts every match of ``regex``: its literal start, with small literal
+    character classes (``[ars]``) and groups (``(?:live|test)``) expanded. The scanner searches for
+    these with one Aho-Corasick pass and runs the regex only where one occurs."""
+    prefixes, i = [""], 0
+    while i < len(regex):
+        ch, nxt = regex[i], i + 1
+        if ch == "\\" and nxt < len(regex) and not regex[nxt].isalnum():
+            atoms, nxt = [regex[nxt]], nxt + 1
+        elif ch == "[" and (body := _enclosed(regex, i + 1, "]", _CLASS_BODY)):
+            atoms, nxt = list(body), i + len(body) + 2
+        elif regex.startswith("(?:", i) and (body := _enclosed(regex, i + 3, ")", _GROUP_BODY)):
+            atoms, nxt = body.split("|"), i + len(body) + 4
+        elif _LITERAL.fullmatch(ch):
+            atoms = [ch]
+        else:
+            break
+        if (nxt < len(regex) and regex[nxt] in "?*+{") or len(prefixes) * len(atoms) > MAX_PREFIXES:
+            break  # the atom is optional or repeated, or the set would grow too large
+        prefixes, i = [p + a for p in prefixes for a in atoms], nxt
+    return prefixes
+
+
 def _alternative(index: int, regex: str) -> str:
     """``regex`` with the start boundary checked after its literal first character, then a marker group.
 
@@ -162,6 +200,8 @@ class CredentialScanner:
         self.patterns = tuple(patterns)
         alternation = "|".join(_alternative(i, p.regex) for i, p in enumerate(self.patterns))
         self._regex = re.compile(f"(?:{alternation}){_END}".encode("ascii"))
+        anchors = {a.encode("ascii") for p in self.patterns for a in literal_prefixes(p.regex)}
+        self._anchors = BytesAhoCorasick(sorted(anchors))
         values = (v.reveal() if isinstance(v, Secret) else v for v in extra_exact)
         self._exact = tuple({_as_bytes(v) for v in values if len(v) >= MIN_EXACT_LENGTH})
 
@@ -171,9 +211,12 @@ class CredentialScanner:
     def find(self, data: bytes | str) -> CredentialPattern | None:
         """The first pattern found in ``data`` (or ``HELD_SECRET``); the matched value is never kept."""
         raw = _as_bytes(data)
-        match = self._regex.search(raw)
-        if match is not None and match.lastgroup is not None:
-            return self.patterns[int(match.lastgroup[1:])]
+        # every match begins with an anchor: the regex runs only where one occurs, leftmost first
+        hits = self._anchors.find_matches_as_indexes(raw, overlapping=True)
+        for start in sorted({start for _, start, _ in hits}):
+            match = self._regex.match(raw, start)
+            if match is not None and match.lastgroup is not None:
+                return self.patterns[int(match.lastgroup[1:])]
         # a substring test, not compare_digest: the oracle is "refused or not", on whole values only
         if any(secret in raw for secret in self._exact):
             return HELD_SECRET
@@ -259,20 +302,24 @@ class CredentialScanner:
         return self._first(where, (body,))
 
     def _scan_json(self, body: bytes) -> Finding | None:
+        """Every key and string value, as decoded. No pattern's match can contain ``"`` or cross
+        JSON's structure, so: without a backslash the raw bytes are the strings (one pass); with
+        escapes, the decoded strings joined by ``"`` (one pass again)."""
+        if b"\\" not in body:
+            return self._first("body:json", (body,))
         try:
             document = json.loads(body)
         except (ValueError, RecursionError):
             return self._first("body:json", (body,))  # not JSON after all: scan it as bytes
+        strings: list[bytes] = []
         stack: list[object] = [document]
         while stack:
             node = stack.pop()
             if isinstance(node, str):
-                finding = self._first("body:json", (node.encode("utf-8", "surrogatepass"),))
-                if finding is not None:
-                    return finding
+                strings.append(node.encode("utf-8", "surrogatepass"))
             elif isinstance(node, dict):
                 stack.extend(node.keys())
                 stack.extend(node.values())
             elif isinstance(node, list):
                 stack.extend(node)
-        return None
+        return self._first("body:json", (b'"'.join(strings),))

@@ -26,6 +26,7 @@ from gateways.patterns import (
     CredentialPattern,
     CredentialScanner,
     Finding,
+    literal_prefixes,
     percent_decoded,
 )
 
@@ -156,6 +157,11 @@ CARRIERS: dict[str, tuple[Scan, str]] = {
     ),
     "json-nested-arrays": (
         lambda s, v: s.scan_body(json.dumps({"a": [[1, [{"b": ["x", [v]]}]]]}).encode(), "application/json"),
+        "body:json",
+    ),
+    "json-after-escaped-newline": (
+        lambda s, v: s.scan_body(json.dumps({"k": f"line one\n{v}", "q": 'say "hi"'}).encode(),
+                                 "application/json"),
         "body:json",
     ),
     "json-unparsable": (lambda s, v: s.scan_body(f'{{"k": "{v}'.encode(), "application/json"), "body:json"),
@@ -438,3 +444,44 @@ def test_embedded_credential_is_always_found(
     assert scanner.scan_body(json.dumps({"v": value}).encode(), "application/json") == Finding(
         "body:json", name
     )
+
+
+@pytest.mark.parametrize(("regex", "prefixes"), [
+    pytest.param("ghp_[A-Za-z0-9]{36}", ["ghp_"], id="literal-then-class"),
+    pytest.param("xox[ars]-[A-Za-z0-9-]{10,}", ["xoxa-", "xoxr-", "xoxs-"], id="small-class-expanded"),
+    pytest.param("sk_(?:live|test)_[A-Za-z0-9]{20,}", ["sk_live_", "sk_test_"], id="group-expanded"),
+    pytest.param(r"xoxe(?:\.xox[bp])?-[A-Za-z0-9-]{10,}", ["xoxe"], id="optional-group-stops"),
+    pytest.param(r"hooks\.slack\.com/x", ["hooks.slack.com/x"], id="escaped-punctuation"),
+    pytest.param("sk-(?!ant-)[A-Za-z0-9]{20,}", ["sk-"], id="lookahead-stops"),
+    pytest.param("ab?c", ["a"], id="optional-char-stops"),
+    pytest.param("ab*", ["a"], id="repeated-char-stops"),
+    pytest.param("a.b", ["a"], id="wildcard-stops"),
+    pytest.param("A[A-Z]B", ["A"], id="range-class-stops"),
+    pytest.param("x(?:a|b|c|d|e)(?:a|b|c|d|e)", ["xa", "xb", "xc", "xd", "xe"], id="at-most-16"),
+])
+def test_literal_prefixes(regex: str, prefixes: list[str]) -> None:
+    assert literal_prefixes(regex) == prefixes
+
+
+@pytest.mark.parametrize("pattern", PATTERNS, ids=lambda p: p.name)
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_every_match_starts_with_a_prefix(pattern: CredentialPattern, data: st.DataObject) -> None:
+    """The prefilter is sound: a string the pattern matches always begins with one of its prefixes,
+    and the scanner (prefilter, then the regex) finds it."""
+    value = data.draw(st.from_regex(pattern.regex, fullmatch=True, alphabet=st.characters(
+        codec="ascii", categories=("L", "N", "P", "S", "Zs"))))
+    assert value.startswith(tuple(literal_prefixes(pattern.regex)))
+    found = CredentialScanner([pattern]).find(f"x {value} y")
+    assert found is not None
+    assert found.name == pattern.name
+
+
+@pytest.mark.parametrize("body", [
+    pytest.param(json.dumps(["ghp_", "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"]), id="split-across-strings"),
+    pytest.param(json.dumps(["ghp_\n", "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"]), id="split-escaped"),
+    pytest.param(json.dumps({"ghp_": "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8\t"}), id="split-key-value"),
+])
+def test_json_strings_are_scanned_one_by_one(scanner: CredentialScanner, body: str) -> None:
+    """A credential shape made only by putting two JSON strings side by side is not a finding."""
+    assert scanner.scan_body(body.encode(), "application/json") is None
