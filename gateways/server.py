@@ -1,36 +1,95 @@
-"""Serving a gateway: uvicorn with one change — malformed HTTP gets our JSON error shape."""
+"""Serving a gateway: uvicorn with its httptools (llhttp) protocol, and four changes.
+
+- Malformed HTTP gets our JSON error shape, ``400 {"error": "malformed_request"}``, and the
+  connection is closed (uvicorn answers in plain text).
+- The request head (target and headers) is bounded: ``MAX_HEAD`` bytes, counted as they arrive
+  (llhttp itself has no limit, and httptools buffers a header until it ends).
+- A target that is not origin-form (``http://host/…``, ``*``, a CONNECT authority) reaches the
+  pipeline as it was sent, so ``check_request`` refuses it with its own reason code and audit
+  line (uvicorn would parse out just the path of an absolute URL).
+- CONNECT never keeps its connection: after the refusal the connection closes.
+"""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-import h11
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from broker.errors import Reason
 
+MAX_HEAD = 64 * 1024
+READ_SLACK = 256 * 1024  # one read may carry the end of a head and the start of a body
 
-class JsonErrorH11Protocol(H11Protocol):
-    """Requests h11 refuses (duplicate Host, conflicting Content-Length, bad syntax) are answered
-    ``400 {"error": "malformed_request"}`` like every other refusal, and the connection closed."""
+
+class HeadTooLarge(ValueError):
+    """Raised inside a parser callback: httptools turns it into a parse error (a 400)."""
+
+
+class GatewayProtocol(HttpToolsProtocol):
+    _head_bytes = 0  # bytes received since the current head began (a bound on what is buffered)
+    _seen = 0  # bytes of target and headers parsed so far
+    _in_head = True
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_head:
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD + READ_SLACK:
+                self.send_400_response(f"request head over {MAX_HEAD} bytes")
+                return
+        super().data_received(data)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head, self._seen = True, 0
+
+    def on_url(self, url: bytes) -> None:
+        super().on_url(url)
+        self._count(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def _count(self, size: int) -> None:
+        self._seen += size
+        if self._seen > MAX_HEAD:
+            raise HeadTooLarge(f"request head over {MAX_HEAD} bytes")
+
+    def on_headers_complete(self) -> None:
+        self._in_head, self._head_bytes = False, 0
+        target = self.url
+        connect = self.parser.get_method() == b"CONNECT"
+        if target.startswith(b"/") and not connect:
+            super().on_headers_complete()
+            return
+        self.url = b"/"  # parsed as a harmless path; the pipeline sees the real target below
+        super().on_headers_complete()
+        self.scope["raw_path"] = target
+        self.scope["path"] = target.decode("latin-1")
+        if connect:
+            self.cycle.keep_alive = False
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._in_head = True
 
     def send_400_response(self, msg: str) -> None:
         body = json.dumps({"error": Reason.MALFORMED_REQUEST.value, "detail": msg}).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                   (b"connection", b"close")]
-        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
-                      h11.Data(data=body), h11.EndOfMessage()):
-            self.transport.write(self.conn.send(event) or b"")
+        self.transport.write(
+            b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%b" % (len(body), body)
+        )
         self.transport.close()
 
 
 def config(app: Any, host: str, port: int, log_level: str = "warning", workers: int = 1) -> uvicorn.Config:
     return uvicorn.Config(
-        app, host=host, port=port, http=JsonErrorH11Protocol, log_level=log_level, access_log=False,
-        server_header=False, date_header=False, lifespan="on", workers=workers,
-        h11_max_incomplete_event_size=64 * 1024,
+        app, host=host, port=port, http=GatewayProtocol, loop="asyncio", log_level=log_level,
+        access_log=False, server_header=False, date_header=False, lifespan="on", workers=workers,
+        proxy_headers=False,  # the client address is the sandbox's, never a header's claim
     )
 
 

@@ -31,7 +31,7 @@ from broker.devstack import DevVault
 from broker.localstack import OpenBaoDev, RedisServer, free_port
 from broker.settings import BrokerSettings
 from gateways.app import GatewayApp
-from gateways.server import JsonErrorH11Protocol
+from gateways.server import GatewayProtocol
 from gateways.settings import GatewaySettings
 from policies.load import load_policy_dir
 from policies.model import PolicySet
@@ -150,7 +150,7 @@ def e2e_stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactor
                     "VALETKEY_ISSUER": broker_url, "VALETKEY_READ_TIMEOUT": "20s",
                 })
                 app = GatewayApp(gateway_settings, policies.upstreams[name], alerting=policies.alerting)
-                gateways[name] = ThreadedServer(app, port=port, http=JsonErrorH11Protocol)
+                gateways[name] = ThreadedServer(app, port=port, http=GatewayProtocol)
                 gateways[name].start()
             yield Stack(vault, policies, broker_url, redis_server.url, demo, gateways)
         finally:

@@ -17,7 +17,7 @@ from broker.devstack import DevVault
 from broker.localstack import OpenBaoDev, RedisServer
 from broker.settings import BrokerSettings
 from gateways.app import GatewayApp
-from gateways.server import JsonErrorH11Protocol
+from gateways.server import GatewayProtocol
 from gateways.settings import GatewaySettings
 from policies.load import load_policy_dir
 from policies.model import PolicySet
@@ -138,7 +138,7 @@ async def loopback_resolver(host: str, port: int) -> list[tuple[Any, ...]]:
 def start_gateway(stack: Stack, name: str, **extra: str) -> ThreadedServer:
     app = GatewayApp(gateway_settings(stack, name, **extra), stack.policies.upstreams[name],
                      resolver=loopback_resolver)
-    return ThreadedServer(app, http=JsonErrorH11Protocol).start()
+    return ThreadedServer(app, http=GatewayProtocol).start()
 
 
 @pytest.fixture(scope="session")

@@ -136,7 +136,9 @@ REFUSALS = [
     pytest.param("GET", "/v1/items", {"X-Api-Key": "sk-proj-" + "a1B2" * 12}, None, 403,
                  "credential_passthrough", id="openai-key"),
     pytest.param("TRACE", "/v1/items", {}, None, 405, "method_refused", id="trace"),
-    pytest.param("TRACK", "/v1/items", {}, None, 405, "method_refused", id="track"),
+    # llhttp parses only registered methods: TRACK (and any made-up verb) ends at the parser
+    pytest.param("TRACK", "/v1/items", {}, None, 400, "malformed_request", id="track"),
+    pytest.param("FROB", "/v1/items", {}, None, 400, "malformed_request", id="unknown-method"),
 ]
 
 
@@ -274,10 +276,15 @@ def test_upstream_timeout_is_504(echo: httpx.Client) -> None:
     pytest.param(b"GET * HTTP/1.1\r\nHost: a\r\n", 400, "absolute_form_target", id="asterisk-form"),
     pytest.param(b"CONNECT evil.example:443 HTTP/1.1\r\nHost: evil.example:443\r\n", 405, "method_refused",
                  id="connect"),
-    pytest.param(b"GET /v1/items HTTP/1.1\r\nHost: a\r\nHost: b\r\n", 400, "malformed_request",
+    pytest.param(b"GET /v1/items HTTP/1.1\r\nHost: a\r\nHost: b\r\n", 400, "duplicate_host",
                  id="duplicate-host"),
     pytest.param(b"POST /v1/items/42 HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n",
-                 400, "ambiguous_framing", id="cl-and-te"),
+                 400, "malformed_request", id="cl-and-te"),  # llhttp refuses it before the pipeline
+    pytest.param(b"GET /v1/items HTTP/1.1\r\nHost: a\r\n" + b"X-Pad: " + b"p" * 70_000 + b"\r\n", 400,
+                 "malformed_request", id="head-over-64k"),
+    pytest.param(b"GET /v1/items?" + b"q" * 70_000 + b" HTTP/1.1\r\nHost: a\r\n", 400, "malformed_request",
+                 id="target-over-64k"),
+    pytest.param(b"OPTIONS * HTTP/1.1\r\nHost: a\r\n", 400, "absolute_form_target", id="options-asterisk"),
     pytest.param(b"POST /v1/items/42 HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nContent-Length: 3\r\n",
                  400, "malformed_request", id="conflicting-cl"),
 ])
@@ -292,6 +299,26 @@ def test_raw_framing_refusals(gateway_stack: Stack, bundle: dict[str, Any], raw:
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(f"HTTP/1.1 {status}".encode()), answer
     assert json.loads(body)["error"] == code
+
+
+def test_a_head_that_never_ends_is_cut_off(gateway_stack: Stack) -> None:
+    """httptools buffers a header until its line ends; the server stops reading well before memory
+    does: 400 and the connection closed after ~64 KiB plus one read, however much more is sent."""
+    port = int(gateway_stack.url("echo").rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(b"GET /v1/items HTTP/1.1\r\nHost: a\r\nX-Pad: ")
+        sent, answer = 0, b""
+        try:
+            while sent < 64 * 1024 * 1024:
+                sock.sendall(b"p" * 65536)
+                sent += 65536
+        except OSError:
+            pass  # the gateway closed the connection
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert sent < 8 * 1024 * 1024
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"] == "malformed_request"
 
 
 def _raw_exchange(port: int, request: bytes) -> bytes:

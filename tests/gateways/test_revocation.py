@@ -401,12 +401,12 @@ def test_revoke_unknown_run_and_lift_without_record(fleet: Fleet) -> None:
 
 def test_webhook_without_signing_secret_refuses_to_start(gateway_stack: Stack) -> None:
     from gateways.app import GatewayApp
-    from gateways.server import JsonErrorH11Protocol
+    from gateways.server import GatewayProtocol
     from tests.gateways.conftest import gateway_settings
 
     settings = gateway_settings(gateway_stack, "echo", VALETKEY_ALERT_WEBHOOK_URL="http://127.0.0.1:9/hook")
     app = GatewayApp(settings, gateway_stack.policies.upstreams["echo"])
-    server = ThreadedServer(app, http=JsonErrorH11Protocol)
+    server = ThreadedServer(app, http=GatewayProtocol)
     with pytest.raises(RuntimeError):
         server.start()
     server.stop()

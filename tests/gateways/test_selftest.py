@@ -27,7 +27,7 @@ import pytest
 from broker.app import create_app
 from broker.settings import BrokerSettings
 from gateways.app import GatewayApp
-from gateways.server import JsonErrorH11Protocol
+from gateways.server import GatewayProtocol
 from tests.gateways.conftest import ISSUER, Stack, gateway_settings, loopback_resolver
 from tests.support.servers import ThreadedServer
 
@@ -147,7 +147,7 @@ def sandbox(gateway_stack: Stack) -> Iterator[Sandbox]:
                                         VALETKEY_ALERT_WEBHOOK_SECRET="whsec-selftest")
             app = GatewayApp(settings, gateway_stack.policies.upstreams[name], resolver=loopback_resolver,
                              alerting=gateway_stack.policies.alerting)
-            server = ThreadedServer(app, http=JsonErrorH11Protocol, host=host_ip).start()
+            server = ThreadedServer(app, http=GatewayProtocol, host=host_ip).start()
             servers.append(server)
             gateways[name] = server.url
         policy_dir = Path(gateway_stack.policies.upstreams["echo"].source).parent

@@ -16,7 +16,7 @@ import pytest
 
 from broker.localstack import free_port
 from gateways.app import GatewayApp
-from gateways.server import JsonErrorH11Protocol
+from gateways.server import GatewayProtocol
 from tests.gateways.conftest import Stack, gateway_settings, start_gateway
 from tests.support.servers import ThreadedServer
 
@@ -74,7 +74,7 @@ def test_unreachable_upstream_is_502(gateway_stack: Stack) -> None:
 def test_hostname_resolving_to_loopback_is_refused_without_allow_private(gateway_stack: Stack) -> None:
     """`localhost` really resolves (system resolver) to loopback; the policy does not allow it."""
     app = GatewayApp(gateway_settings(gateway_stack, "nolocal"), gateway_stack.policies.upstreams["nolocal"])
-    server = ThreadedServer(app, http=JsonErrorH11Protocol)
+    server = ThreadedServer(app, http=GatewayProtocol)
     with pytest.raises(RuntimeError):
         server.start()
     server.stop()
