@@ -116,6 +116,8 @@ class RevocationSet:
                 del self._records[key]
 
     def find(self, claims: AccessClaims) -> Revocation | None:
+        if not self._records:  # the usual case: nothing revoked that is still in force
+            return None
         for key in (key_of(Scope.RUN, claims.sub), key_of(Scope.RUNTIME, claims.client_id),
                     key_of(Scope.UPSTREAM, claims.aud), "all"):
             record = self._records.get(key)

@@ -84,12 +84,22 @@ def params_view(params: Mapping[str, str]) -> Mapping[str, str]:
     return MappingProxyType(dict(params))
 
 
+Pending = tuple[list[AccessClaims], "asyncio.Future[list[str]]"]  # claims to sign, who awaits them
+
+
 class TransitSigner:
     """Signs JWTs with the latest live version of a transit Ed25519 key.
 
     The key's metadata (latest version) is cached for ``cache_ttl`` seconds: the version must be
     known before signing because ``kid`` is part of the signed header.
+
+    Concurrent ``sign`` calls share Vault calls (group commit): while one transit call is in
+    flight, new requests queue, and the next call signs all of them (``batch_input``, at most
+    ``MAX_BATCH`` tokens). An idle broker signs at once; a busy one makes far fewer Vault calls
+    (one per ~2 ms instead of one per mint). A failed call fails every request in its batch.
     """
+
+    MAX_BATCH = 256
 
     def __init__(
         self, vault: VaultClient, mount: str, key: str, cache_ttl: float = 10.0,
@@ -103,6 +113,8 @@ class TransitSigner:
         self._meta: TransitKey | None = None
         self._meta_at = 0.0
         self._lock = asyncio.Lock()
+        self._queue: list[Pending] = []
+        self._flusher: asyncio.Task[None] | None = None
 
     async def key(self, *, refresh: bool = False) -> TransitKey:
         async with self._lock:
@@ -113,6 +125,46 @@ class TransitSigner:
             return self._meta
 
     async def sign(self, claims: list[AccessClaims]) -> list[str]:
+        """One token per claims, signed in a Vault call shared with concurrent callers."""
+        if not claims:
+            return []
+        future: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+        self._queue.append((claims, future))
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush(), name="transit-sign-batches")
+        return await future
+
+    async def _flush(self) -> None:
+        try:
+            while self._queue:
+                batch: list[Pending] = []
+                size = 0
+                while self._queue and (not batch or size + len(self._queue[0][0]) <= self.MAX_BATCH):
+                    batch.append(self._queue.pop(0))
+                    size += len(batch[-1][0])
+                await self._sign_batch(batch)
+        finally:
+            self._flusher = None
+
+    async def _sign_batch(self, batch: list[Pending]) -> None:
+        try:
+            tokens = await self._sign_now([c for claims, _ in batch for c in claims])
+        except asyncio.CancelledError:
+            for _, future in batch:
+                future.cancel()
+            raise
+        except Exception as exc:  # every caller of the batch gets the failure
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        start = 0
+        for claims, future in batch:
+            if not future.done():  # a caller that went away (cancelled) is skipped
+                future.set_result(tokens[start : start + len(claims)])
+            start += len(claims)
+
+    async def _sign_now(self, claims: list[AccessClaims]) -> list[str]:
         try:
             return await self._sign(claims, await self.key())
         except UpstreamError as exc:
