@@ -28,6 +28,7 @@ Headers = list[tuple[bytes, bytes]]
 
 HIGH_WATER = 256 * 1024  # response bytes buffered before the upstream socket stops being read
 LOW_WATER = 64 * 1024
+MAX_HEAD = 256 * 1024  # response status line and headers: llhttp itself sets no limit
 COALESCE = 64 * 1024  # request bodies up to this size go out in one write with the head
 IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE"})  # RFC 9110 §9.2.2
 BODY_EXPECTED = frozenset({b"POST", b"PUT", b"PATCH"})
@@ -64,6 +65,8 @@ class _Connection(asyncio.Protocol):
         self._drain: asyncio.Future[None] | None = None
         self._complete = False
         self._framed = False  # Content-Length or chunked: EOF before the end is a broken response
+        self._head_bytes = 0  # received while waiting for the response head
+        self._header_bytes = 0  # parsed header names and values of the current response
         self.error: ValetkeyError | None = None
 
     # ---- asyncio.Protocol -------------------------------------------------------------------
@@ -76,6 +79,11 @@ class _Connection(asyncio.Protocol):
             if self.transport is not None:
                 self.transport.close()
             return
+        if not self._head.done():
+            self._head_bytes += len(data)
+            if self._head_bytes > 2 * MAX_HEAD:  # a header that never ends (httptools buffers it)
+                self._fail(_broken(f"upstream response head over {MAX_HEAD} bytes"))
+                return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -109,8 +117,12 @@ class _Connection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self._headers = []
         self._framed = False
+        self._header_bytes = 0
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_bytes += len(name) + len(value)
+        if self._header_bytes > MAX_HEAD:
+            raise ValueError("response head too large")  # a parser error: upstream_protocol_error
         self._headers.append((name, value))
         low = name.lower()
         if low == b"content-length" or (low == b"transfer-encoding" and b"chunked" in value.lower()):
@@ -167,6 +179,7 @@ class _Connection(asyncio.Protocol):
     def begin(self, head_only: bool) -> asyncio.Future[tuple[int, Headers]]:
         self._head = self._loop.create_future()
         self._head_only = head_only
+        self._head_bytes = 0
         self._status = 0
         self._complete = False
         self.reusable = False

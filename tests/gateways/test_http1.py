@@ -209,6 +209,10 @@ def test_response_framing(method: bytes, response: bytes, expected: tuple[int, b
     pytest.param(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n", 2.0,
                  "upstream_protocol_error", id="upgrade"),
     pytest.param(b"", 2.0, "upstream_protocol_error", id="closed-unanswered"),
+    pytest.param(b"HTTP/1.1 200 OK\r\n" + b"X-Pad: p\r\n" * 50_000 + b"\r\n", 2.0, "upstream_protocol_error",
+                 id="head-too-large"),
+    pytest.param(b"HTTP/1.1 200 OK\r\nX-Pad: " + b"p" * 600_000, 2.0, "upstream_protocol_error",
+                 id="header-never-ends"),
     pytest.param(None, 0.3, "upstream_timeout", id="no-answer"),
     pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nstall", 0.3, "upstream_timeout", id="stall"),
 ])
