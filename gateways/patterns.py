@@ -101,6 +101,7 @@ MIN_EXACT_LENGTH = 8  # shorter held values would refuse ordinary text; real sec
 MAX_DECODES = 2  # percent-decoding rounds: catches double encoding (%2567 -> %67 -> g)
 _SAFE_NAME = re.compile(rb"[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}")
 _UNNAMED = "<redacted>"  # label of a name that is not a plain token (it may be the credential)
+_BASIC_CARRIERS = (b"authorization", b"proxy-authorization")  # also scanned Basic-decoded
 
 
 def _as_bytes(data: bytes | str) -> bytes:
@@ -253,7 +254,22 @@ class CredentialScanner:
         return None
 
     def scan_headers(self, headers: list[tuple[bytes, bytes]]) -> Finding | None:
-        """Each header value raw; Basic user and password of (proxy-)authorization; each cookie."""
+        """Each header name and value raw; Basic user and password of (proxy-)authorization; each
+        cookie. One pass over all names and values first (``\n`` joins them: no match can hold
+        one); the header-by-header scan runs only to name the place of a finding."""
+        whole = b"\n".join(b"%b\n%b" % (name.lower(), value) for name, value in headers)
+        if self.find(whole) is None and not any(self._unpacked(name, value) for name, value in headers):
+            return None
+        return self._scan_each_header(headers)
+
+    def _unpacked(self, name: bytes, value: bytes) -> bool:
+        """Does a decoded Basic credential or a cookie pair hold a finding?"""
+        name = name.lower()
+        if name == b"cookie":
+            return self._pairs("cookie", value, b";") is not None
+        return name in _BASIC_CARRIERS and self._scan_basic("", value) is not None
+
+    def _scan_each_header(self, headers: list[tuple[bytes, bytes]]) -> Finding | None:
         for raw_name, value in headers:
             name = raw_name.lower()
             finding = self._first(f"header:{_UNNAMED}", (name,))
@@ -264,7 +280,7 @@ class CredentialScanner:
                 finding = self._pairs("cookie", value, b";")
             else:
                 finding = self._first(label, (value,))
-                if finding is None and name in (b"authorization", b"proxy-authorization"):
+                if finding is None and name in _BASIC_CARRIERS:
                     finding = self._scan_basic(label, value)
             if finding is not None:
                 return finding
@@ -285,8 +301,12 @@ class CredentialScanner:
         )
 
     def scan_query(self, raw_query: bytes) -> Finding | None:
-        """Every ``name=value`` of the query, raw and percent-decoded up to ``MAX_DECODES`` times."""
-        return self._pairs("query", raw_query, b"&") if raw_query else None
+        """Every ``name=value`` of the query, raw and percent-decoded up to ``MAX_DECODES`` times.
+        Decoding is local to each ``%XX``, so the whole query's forms hold every pair's forms:
+        one pass over them first, the pair-by-pair scan only to name the place of a finding."""
+        if not raw_query or self.find(b"\n".join(percent_decoded(raw_query))) is None:
+            return None
+        return self._pairs("query", raw_query, b"&")
 
     def scan_body(self, body: bytes, content_type: str) -> Finding | None:
         """JSON: every key and string value, parsed; form: like the query; anything else: raw bytes."""

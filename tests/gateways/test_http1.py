@@ -297,3 +297,38 @@ def test_a_slow_reader_stops_the_upstream_socket_being_read() -> None:
             await response.aclose()
             await p.aclose()
     run(case())
+
+
+def test_writes_of_one_loop_turn_leave_together() -> None:
+    """The gateway server's CorkedWrites: a response's status line, headers, body and terminator
+    written in one turn of the event loop reach the socket as one write; a close flushes first."""
+    from gateways.server import CorkedWrites
+
+    class Recording(asyncio.Transport):
+        def __init__(self) -> None:
+            super().__init__()
+            self.writes: list[bytes] = []
+            self.closed = False
+
+        def write(self, data: bytes | bytearray | memoryview) -> None:
+            self.writes.append(bytes(data))
+
+        def is_closing(self) -> bool:
+            return self.closed
+
+        def close(self) -> None:
+            self.closed = True
+
+    async def case() -> None:
+        transport = Recording()
+        corked = CorkedWrites(transport)
+        for part in (b"HTTP/1.1 200 OK\r\n\r\n", b"2\r\nok\r\n", b"0\r\n\r\n"):
+            corked.write(part)
+        assert transport.writes == []
+        await asyncio.sleep(0)
+        assert transport.writes == [b"HTTP/1.1 200 OK\r\n\r\n2\r\nok\r\n0\r\n\r\n"]
+        corked.write(b"last")
+        corked.close()
+        assert transport.writes[-1] == b"last"
+        assert transport.closed
+    run(case())
