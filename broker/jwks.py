@@ -120,12 +120,13 @@ class KeyCache:
             self._keys = parse_jwks(await self._fetch())
             self._loaded_at = now
 
-    def _stale(self) -> bool:
+    def stale(self) -> bool:
+        """Older than ``max_age`` (or never loaded): the next use refreshes first."""
         return self._loaded_at is None or self._clock() - self._loaded_at > self._max_age
 
     async def ensure_fresh(self) -> None:
         """Refresh when older than ``max_age`` (cheap clock check otherwise)."""
-        if self._stale():
+        if self.stale():
             await self._try_refresh()
 
     async def _try_refresh(self) -> None:
@@ -137,7 +138,7 @@ class KeyCache:
             # keep serving known keys while the source is briefly unreachable
 
     async def get(self, kid: str) -> OKPKey | None:
-        if self._stale() or kid not in self._keys:
+        if self.stale() or kid not in self._keys:
             await self._try_refresh()
         return self._keys.get(kid)
 

@@ -215,7 +215,8 @@ class TokenVerifier:
         return claims
 
     async def _signed_claims(self, token: str) -> AccessClaims:
-        await self.keys.ensure_fresh()
+        if self.keys.stale():  # a clock check; no coroutine on the usual path
+            await self.keys.ensure_fresh()
         key = token_hash(token) if len(token) <= MAX_TOKEN_BYTES else ""
         cached = self._cache.get(key) if key else None
         if cached is not None and self.keys.current(cached.kid):
