@@ -145,7 +145,8 @@ def tokens(results: Results) -> str:
         ["verify, one repeated token (one core)", spread(t["verify_repeated_per_s"]),
          f"{t['repeated_calls']:,} calls per round"],
         ["mint: broker `POST /v1/runs`", spread(t["mint_per_s"]),
-         f"{t['concurrency']} in flight, {t['seconds']:g} s per round"],
+         f"{t['concurrency']} in flight, {t['seconds']:g} s per round, "
+         f"load from {t.get('mint_generator', 'httpx (in the harness process)')}"],
         ["raw `TransitSigner.sign`, one token per call", spread(t["sign_one_per_s"]),
          f"{t['concurrency']} in flight"],
         ["raw `TransitSigner.sign`, batches (tokens/s)", spread(t["batch_sign_per_s"]),

@@ -222,16 +222,18 @@ def _ms(text: str) -> float:
 
 
 def wrk(binary: str, url: str, *, method: str, headers: list[tuple[str, str]], body_size: int,
-        connections: int, duration: float) -> dict[str, Any]:
-    """Closed-loop throughput: one wrk thread, ``connections`` keep-alive connections."""
+        connections: int, duration: float, body: bytes | None = None) -> dict[str, Any]:
+    """Closed-loop throughput: one wrk thread, ``connections`` keep-alive connections; the body
+    is ``body`` or else ``body_size`` bytes of JSON. Any status outside 2xx/3xx is counted."""
+    content = body if body is not None else (json_body(body_size) if body_size else b"")
     with tempfile.NamedTemporaryFile("wb", suffix=".json", delete=False) as payload:
-        payload.write(json_body(body_size) if body_size else b"")
-    body = f'io.open("{payload.name}", "rb"):read("*a")' if body_size else '""'
+        payload.write(content)
+    body_expr = f'io.open("{payload.name}", "rb"):read("*a")' if content else '""'
     lines = [f'wrk.headers["{k}"] = "{v}"' for k, v in headers]
-    if body_size:
+    if content:
         lines.append('wrk.headers["Content-Type"] = "application/json"')
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
-        script.write(WRK_SCRIPT.format(method=method, body=body, headers="\n".join(lines)))
+        script.write(WRK_SCRIPT.format(method=method, body=body_expr, headers="\n".join(lines)))
     try:
         done = subprocess.run(  # noqa: S603 - our argv
             [binary, "-t1", f"-c{connections}", f"-d{max(1, round(duration))}s", "--timeout", "10s",
