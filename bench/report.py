@@ -92,8 +92,12 @@ def proxy(results: Results) -> str:
          ratios(raw, gwn, "nginx", "medium"), "x"),
         ("mitmproxy / nginx, throughput", ratios(raw, "mitmproxy", "nginx", "small"),
          ratios(raw, "mitmproxy", "nginx", "medium"), "x"),
+        ("Python floor / nginx, throughput", ratios(raw, "floor", "nginx", "small"),
+         ratios(raw, "floor", "nginx", "medium"), "x"),
+        ("gateway (1 worker) / Python floor, throughput", ratios(raw, "gateway-1", "floor", "small"),
+         ratios(raw, "gateway-1", "floor", "medium"), "x"),
     ]
-    for name in ("nginx", "mitmproxy", "gateway-1", gwn):
+    for name in ("nginx", "mitmproxy", "floor", "gateway-1", gwn):
         for metric in ("p50", "p99"):
             comparisons.append((f"{labels.get(name, name)}: {metric} added over direct",
                                 added(raw, name, "small", metric), added(raw, name, "medium", metric), " ms"))

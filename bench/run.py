@@ -36,7 +36,7 @@ from bench.revocation import measure as revocation
 from bench.rss import OutsideLoad, children, rss_mb, total_mb, wait_quiet, workers_of
 from bench.stack import BenchStack
 from bench.tokens import measure as token_rates
-from bench.tools import Mitmproxy, Nginx, find_mitmdump, find_nginx, find_pyspy, find_wrk, version
+from bench.tools import Floor, Mitmproxy, Nginx, find_mitmdump, find_nginx, find_pyspy, find_wrk, version
 
 REPO = Path(__file__).resolve().parent.parent
 SECTIONS = ("proxy", "sse", "tokens", "profile", "redaction", "revocation")
@@ -156,6 +156,9 @@ def proxies(stack: BenchStack, scope: ExitStack, token: str, cores: int,
                             lambda: [mitm.pid]))
     else:
         results["skipped"].append("mitmproxy: not installed (./scripts/bench installs it into .venv-bench)")
+    floor = scope.enter_context(Floor(stack.upstream_port, stack.secret))
+    found.append(Target("floor", "Python floor: bare forwarder, no checks", floor.url, placeholder,
+                        lambda: [floor.pid]))
     audit = functools.partial(audit_refusals, stack.redis_url)
     found.append(Target("gateway-1", "valetkey gateway, 1 worker", stack.gateway_urls[0], placeholder,
                         lambda: [gw1], audit))

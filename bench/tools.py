@@ -209,6 +209,20 @@ class Mitmproxy(Child):
         return {"BENCH_SECRET": self.secret}
 
 
+class Floor(Child):
+    """``bench/floor.py``: the gateway's server and upstream client forwarding with no checks."""
+
+    name = "floor"
+
+    def __init__(self, upstream_port: int, secret: str) -> None:
+        super().__init__()
+        self.upstream_port = upstream_port
+        self.secret = secret
+
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", "bench.floor", str(self.port), str(self.upstream_port), self.secret]
+
+
 WRK_SCRIPT = """wrk.method = "{method}"
 wrk.body = {body}
 {headers}
