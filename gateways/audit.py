@@ -28,6 +28,16 @@ log = logging.getLogger("valetkey.audit")
 Observer = Callable[["AuditRecord", int], Awaitable[None]]
 QUEUE_SIZE = 10_000
 
+# KEYS[1] the stream; ARGV[1] its approximate MAXLEN, then (line, run, runtime) per audit line:
+# the same entries as ``XADD stream MAXLEN ~ N * line … run … runtime … kind request``
+_APPEND = """
+for i = 2, #ARGV, 3 do
+  redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*',
+             'line', ARGV[i], 'run', ARGV[i + 1], 'runtime', ARGV[i + 2], 'kind', 'request')
+end
+return (#ARGV - 1) / 3
+"""
+
 
 def masked_path(path: str, query: bytes) -> str:
     """``/x?a=1&b=2`` → ``/x?a=***&b=***``: names stay, values never appear."""
@@ -116,6 +126,7 @@ class AuditSink:
         self._metrics = metrics
         self._queue: asyncio.Queue[tuple[AuditRecord, int, str]] = asyncio.Queue(QUEUE_SIZE)
         self._task: asyncio.Task[None] | None = None
+        self._append: Any = redis.register_script(_APPEND)
         self.observer: Observer | None = None  # the alert detectors, fed after each batch
 
     def write(self, record: AuditRecord, run_expires: int = 0) -> None:
@@ -160,9 +171,9 @@ class AuditSink:
                     self._queue.task_done()
 
     async def _write(self, batch: list[tuple[AuditRecord, str]]) -> None:
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for record, line in batch:
-                pipe.xadd(self._stream, {"line": line, "run": record.run,
-                                         "runtime": record.runtime, "kind": "request"},
-                          maxlen=self._maxlen, approximate=True)
-            await pipe.execute()
+        """One script call appends the batch: a pipeline of XADDs cost a worker ~8 % of its CPU
+        in redis-py's command packing alone (14 arguments per line; here 3)."""
+        args: list[str | int] = [self._maxlen]
+        for record, line in batch:
+            args += (line, record.run, record.runtime)
+        await self._append(keys=[self._stream], args=args)

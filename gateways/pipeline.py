@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -87,7 +87,7 @@ def new_exchange(scope: dict[str, Any], receive: Receive, send: Send, upstream: 
     query = bytes(scope.get("query_string", b""))
     raw_path = bytes(scope.get("raw_path") or scope["path"].encode())
     record = AuditRecord(
-        request_id=uuid.uuid4().hex, upstream=upstream, method=str(scope["method"])[:16],
+        request_id=os.urandom(16).hex(), upstream=upstream, method=str(scope["method"])[:16],
         path=masked_path(raw_path.decode("latin-1")[:512], query),
     )
     return Exchange(scope, receive, send, record, list(scope["headers"]), query)
@@ -266,11 +266,13 @@ async def _exchange(gw: Gateway, ex: Exchange, address: str, raw_target: bytes) 
         decoder = body_decoder(v for k, v in response.headers if k.lower() == b"content-encoding")
         body = _decoded_body(response, decoder)
         first = await anext(body, b"") if decoder else b""
-        headers = []
-        for name, value in response_headers(response.headers, gw.upstream):
-            clean, count = redactor.redact(value)
-            header_redactions += count
-            headers.append((name, clean))
+        headers = response_headers(response.headers, gw.upstream)
+        # one search over all values joined (an occurrence in any value is one in the joined text);
+        # value by value only when it finds something
+        if redactor.spans(b"\n".join(value for _, value in headers)):
+            redacted = [(name, *redactor.redact(value)) for name, value in headers]
+            headers = [(name, clean) for name, clean, _ in redacted]
+            header_redactions = sum(count for _, _, count in redacted)
         headers.append((b"x-valetkey-request-id", ex.record.request_id.encode()))
         ex.record.status = response.status
         await ex.send({"type": "http.response.start", "status": response.status, "headers": headers})
