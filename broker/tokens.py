@@ -130,8 +130,9 @@ class TransitSigner:
             return []
         future: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
         self._queue.append((claims, future))
-        if self._flusher is None:
+        if self._flusher is None or self._flusher.done():  # done: its loop ended under it
             self._flusher = asyncio.create_task(self._flush(), name="transit-sign-batches")
+            self._flusher.add_done_callback(self._stopped)
         return await future
 
     async def _flush(self) -> None:
@@ -144,6 +145,15 @@ class TransitSigner:
                     size += len(batch[-1][0])
                 await self._sign_batch(batch)
         finally:
+            self._flusher = None
+
+    def _stopped(self, flusher: asyncio.Task[None]) -> None:
+        """A flusher cancelled (shutting down, even before it ran): nobody queued waits forever."""
+        if flusher.cancelled():
+            for _, future in self._queue:
+                future.cancel()
+            self._queue.clear()
+        if self._flusher is flusher:
             self._flusher = None
 
     async def _sign_batch(self, batch: list[Pending]) -> None:

@@ -79,11 +79,12 @@ class _Connection(asyncio.Protocol):
             if self.transport is not None:
                 self.transport.close()
             return
-        if not self._head.done():
-            self._head_bytes += len(data)
-            if self._head_bytes > 2 * MAX_HEAD:  # a header that never ends (httptools buffers it)
-                self._fail(_broken(f"upstream response head over {MAX_HEAD} bytes"))
-                return
+        # bytes that are neither body nor a finished head (a header or trailer that never ends:
+        # httptools buffers it) since the last body bytes
+        self._head_bytes += len(data)
+        if self._head_bytes > 2 * MAX_HEAD:
+            self._fail(_broken(f"upstream response head or trailers over {MAX_HEAD} bytes"))
+            return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -96,9 +97,10 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        self.resume_writing()  # a write waiting for the buffer to drain fails now, not at its timeout
         if self._head is None or self._complete:
             return
-        if self._head.done() and not self._framed and self.error is None:
+        if exc is None and self._head.done() and not self._framed and self.error is None:
             self._complete = True  # a response delimited by closing the connection
             self._wake()
             return
@@ -115,11 +117,16 @@ class _Connection(asyncio.Protocol):
 
     # ---- httptools callbacks ----------------------------------------------------------------
     def on_message_begin(self) -> None:
+        if self._complete:  # a second response to one request: the connection is out of step
+            self.reusable = False
+            raise ValueError("bytes after the response")
         self._headers = []
         self._framed = False
         self._header_bytes = 0
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._status:
+            return  # a trailer (after a chunked body): dropped, never a response header
         self._header_bytes += len(name) + len(value)
         if self._header_bytes > MAX_HEAD:
             raise ValueError("response head too large")  # a parser error: upstream_protocol_error
@@ -143,6 +150,7 @@ class _Connection(asyncio.Protocol):
             self.reusable = False
 
     def on_body(self, body: bytes) -> None:
+        self._head_bytes = 0
         if self._complete:
             return
         self._chunks.append(bytes(body))
@@ -203,10 +211,10 @@ class _Connection(asyncio.Protocol):
     async def read(self) -> bytes:
         """The next piece of the response body; ``b""`` once it is complete."""
         while not self._chunks:
+            if self._complete:  # bytes the upstream sent after it only cost it the connection
+                return b""
             if self.error is not None:
                 raise self.error
-            if self._complete:
-                return b""
             self._waiter = self._loop.create_future()
             await self.wait(self._waiter, "upstream stalled mid-response")
         if len(self._chunks) == 1:

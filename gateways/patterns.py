@@ -323,9 +323,10 @@ class CredentialScanner:
 
     def _scan_json(self, body: bytes) -> Finding | None:
         """Every key and string value, as decoded. No pattern's match can contain ``"`` or cross
-        JSON's structure, so: without a backslash the raw bytes are the strings (one pass); with
-        escapes, the decoded strings joined by ``"`` (one pass again)."""
-        if b"\\" not in body:
+        JSON's structure, so: UTF-8 without a backslash, the raw bytes are the strings (one pass);
+        otherwise (escapes, or UTF-16/32, which ``json.loads`` also reads) the decoded strings
+        joined by ``"`` (one pass again)."""
+        if b"\\" not in body and b"\0" not in body:  # UTF-8 (UTF-16/32 text of ASCII holds NULs)
             return self._first("body:json", (body,))
         try:
             document = json.loads(body)

@@ -100,6 +100,8 @@ async def check_request(gw: Gateway, ex: Exchange) -> None:
         raise MethodNotAllowed(f"{ex.method} is never forwarded")
     raw_path = bytes(ex.scope.get("raw_path") or b"")
     if not raw_path.startswith(b"/"):
+        # ``http://user:key@host/…`` can carry a credential anywhere: none of it is audited
+        ex.record.path = "[target withheld: not origin-form]"
         raise BadRequest("only origin-form request targets are accepted", Reason.ABSOLUTE_FORM_TARGET)
     if len(ex.header(b"host")) > 1:
         raise BadRequest("more than one Host header", Reason.DUPLICATE_HOST)
@@ -259,10 +261,11 @@ async def _exchange(gw: Gateway, ex: Exchange, address: str, raw_target: bytes) 
     A body that does not decode is refused before any byte is sent, or cut where it stops decoding.
     Reasons: undecodable_response, decompression_bomb, upstream_timeout, upstream_protocol_error."""
     response = await gw.client.open(ex.method, address, raw_target, ex.upstream_headers, ex.body)
-    redactor = await _current_redactor(gw)
-    stream = redactor.stream()
     header_redactions = 0
+    stream = None
     try:
+        redactor = await _current_redactor(gw)
+        stream = redactor.stream()
         decoder = body_decoder(v for k, v in response.headers if k.lower() == b"content-encoding")
         body = _decoded_body(response, decoder)
         first = await anext(body, b"") if decoder else b""
@@ -282,7 +285,7 @@ async def _exchange(gw: Gateway, ex: Exchange, address: str, raw_target: bytes) 
             await _send_body(ex, stream.feed(piece))
         await _send_body(ex, stream.finish(), more=False)
     finally:
-        ex.record.redactions = header_redactions + stream.count
+        ex.record.redactions = header_redactions + (stream.count if stream else 0)
         await response.aclose()
 
 

@@ -2,8 +2,9 @@
 
 - Malformed HTTP gets our JSON error shape, ``400 {"error": "malformed_request"}``, and the
   connection is closed (uvicorn answers in plain text).
-- The request head (target and headers) is bounded: ``MAX_HEAD`` bytes, counted as they arrive
-  (llhttp itself has no limit, and httptools buffers a header until it ends).
+- The request head (target and headers) and the trailers are bounded: ``MAX_HEAD`` bytes,
+  counted as they arrive (llhttp itself has no limit, and httptools buffers a header until it
+  ends).
 - A target that is not origin-form (``http://host/…``, ``*``, a CONNECT authority) reaches the
   pipeline as it was sent, so ``check_request`` refuses it with its own reason code and audit
   line (uvicorn would parse out just the path of an absolute URL).
@@ -64,17 +65,25 @@ class CorkedWrites:
 
 
 class GatewayProtocol(HttpToolsProtocol):
-    _head_bytes = 0  # bytes received since the current head began (a bound on what is buffered)
+    _head_bytes = 0  # bytes received since the head began or body bytes last arrived
     _seen = 0  # bytes of target and headers parsed so far
     _in_head = True
 
     def data_received(self, data: bytes) -> None:
-        if self._in_head:
-            self._head_bytes += len(data)
-            if self._head_bytes > MAX_HEAD + READ_SLACK:
-                self.send_400_response(f"request head over {MAX_HEAD} bytes")
-                return
+        # bytes that are neither head nor body (chunk framing, trailers) since the last body
+        # bytes: httptools buffers a trailer until its line ends, so this bounds that too
+        self._head_bytes += len(data)
+        if self._head_bytes > MAX_HEAD + READ_SLACK:
+            if self._in_head or self.cycle is None or self.cycle.response_complete:
+                self.send_400_response(f"request head or trailers over {MAX_HEAD} bytes")
+            else:
+                self.transport.close()  # a response is under way: no room for a 400
+            return
         super().data_received(data)
+
+    def on_body(self, body: bytes) -> None:
+        self._head_bytes = 0
+        super().on_body(body)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -116,14 +125,16 @@ class GatewayProtocol(HttpToolsProtocol):
         self.cycle.transport = cast(asyncio.Transport, self._corked)
         if origin_form:
             return
-        self.scope["raw_path"] = target
-        self.scope["path"] = target.decode("latin-1")
+        raw_path, _, query = target.partition(b"?")
+        self.scope["raw_path"] = raw_path  # refused by check_request; never audited as sent
+        self.scope["path"] = raw_path.decode("latin-1")
+        self.scope["query_string"] = query
         if connect:
             self.cycle.keep_alive = False
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
-        self._in_head = True
+        self._in_head, self._head_bytes = True, 0
 
     def send_400_response(self, msg: str) -> None:
         body = json.dumps({"error": Reason.MALFORMED_REQUEST.value, "detail": msg}).encode()

@@ -17,7 +17,7 @@ from policies.model import Upstream
 
 # Content-Length and digests: the body may change length and bytes (redaction); Content-Encoding:
 # a compressed body is decoded before redaction (gateways/encodings.py) and sent as identity.
-# Trailers never arrive here: the parser reads and drops them.
+# Trailers never arrive here: gateways/http1.py reads and drops them.
 RESPONSE_DROPPED = HOP_BY_HOP | frozenset({
     b"content-length", b"content-encoding", b"content-md5", b"digest", b"content-digest", b"repr-digest",
     b"proxy-authenticate", b"alt-svc",

@@ -87,3 +87,24 @@ def test_a_caller_that_goes_away_does_not_stop_the_others(bootstrapped_vault: An
         with pytest.raises(asyncio.CancelledError):
             waiting[0].result()
     asyncio.run(case())
+
+
+def test_callers_still_queued_when_the_signer_stops_are_answered(bootstrapped_vault: Any) -> None:
+    """The flusher cancelled (loop shutdown): every caller waiting in its queue is cancelled too,
+    none waits forever; a later sign starts a new flusher."""
+    async def case() -> None:
+        vault = VaultClient(bootstrapped_vault.addr, Secret(bootstrapped_vault.broker_token))
+        signer = TransitSigner(vault, "transit", "valetkey-tokens")
+        try:
+            callers = [asyncio.create_task(signer.sign(claims(1))) for _ in range(6)]
+            await asyncio.sleep(0)
+            assert signer._flusher is not None
+            signer._flusher.cancel()
+            async with asyncio.timeout(10):
+                results = await asyncio.gather(*callers, return_exceptions=True)
+            assert all(isinstance(r, asyncio.CancelledError) for r in results)
+            async with asyncio.timeout(10):
+                assert len(await signer.sign(claims(2))) == 2
+        finally:
+            await vault.aclose()
+    asyncio.run(case())

@@ -321,6 +321,49 @@ def test_a_head_that_never_ends_is_cut_off(gateway_stack: Stack) -> None:
     assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"] == "malformed_request"
 
 
+def test_a_trailer_that_never_ends_is_cut_off(gateway_stack: Stack, bundle: dict[str, Any]) -> None:
+    """Trailers after a chunked body are bounded like the head (httptools buffers them too)."""
+    port = int(gateway_stack.url("echo").rsplit(":", 1)[1])
+    token = bundle["env"]["ECHO_TOKEN"].encode()
+    head = (b"POST /v1/items/42 HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\nAuthorization: Bearer " + token + b"\r\n\r\n2\r\n{}\r\n0\r\nX-T: ")
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(head)
+        sent = 0
+        try:
+            while sent < 64 * 1024 * 1024:
+                sock.sendall(b"p" * 65536)
+                sent += 65536
+        except OSError:
+            pass  # the gateway closed the connection
+    assert sent < 8 * 1024 * 1024
+
+
+def test_absolute_form_target_is_never_audited_as_sent(gateway_stack: Stack) -> None:
+    """``GET http://host/…?key=…``: refused, and neither the query nor the rest of the URL (it
+    may hold userinfo) reaches the audit line."""
+    port = int(gateway_stack.url("echo").rsplit(":", 1)[1])
+    answer = _raw_exchange(port, f"GET http://u:{GHP}@api.example/v1/items?api_key={GHP} HTTP/1.1\r\n"
+                                 "Host: a\r\n\r\n".encode())
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), answer
+    request_id = json.loads(body)["request_id"]
+    client = redis.Redis.from_url(gateway_stack.redis_url)
+    try:
+        for _ in range(100):
+            lines = [json.loads(f[b"line"]) for _, f in client.xrevrange("valetkey:audit", count=300)]
+            line = next((x for x in lines if x.get("request_id") == request_id), None)
+            if line is not None:
+                break
+            time.sleep(0.05)
+    finally:
+        client.close()
+    assert line is not None
+    assert line["reason"] == "absolute_form_target"
+    assert GHP not in json.dumps(line)
+    assert "api.example" not in json.dumps(line)
+
+
 def _raw_exchange(port: int, request: bytes) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.sendall(request)

@@ -6,6 +6,8 @@ failure as a gateway error with its reason code."""
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -190,12 +192,50 @@ def test_an_idle_connection_the_upstream_closed_is_not_used() -> None:
                  id="close-delimited"),
     pytest.param(b"GET", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n1\r\nc\r\n0\r\n\r\n",
                  (200, b"abc"), id="chunked"),
+    pytest.param(b"GET", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n"
+                 b"Set-Cookie: evil=1\r\n\r\n", (200, b"ab"), id="trailers-dropped"),
 ])
 def test_response_framing(method: bytes, response: bytes, expected: tuple[int, bytes]) -> None:
     async def case() -> None:
         async with Server(answer(response, close=True)) as srv:
             p = pool(srv.port)
-            assert await fetch(p, method) == expected
+            answer_ = await p.request(method, "127.0.0.1", method + b" / HTTP/1.1\r\nhost: a\r\n\r\n", b"")
+            body = b"".join([chunk async for chunk in answer_.iter_body()])
+            await answer_.aclose()
+            assert (answer_.status, body) == expected
+            assert not any(name.lower() == b"set-cookie" for name, _ in answer_.headers)  # no trailer
+            await p.aclose()
+    run(case())
+
+
+def test_bytes_after_a_response_cost_the_connection() -> None:
+    """An upstream that answers twice is out of step: the first answer stands, the connection
+    is never reused (another run's request could read the stale bytes)."""
+    async def case() -> None:
+        async with Server(answer(OK + b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nSTALE", OK)) as srv:
+            p = pool(srv.port)
+            assert await fetch(p) == (200, b"ok")
+            await asyncio.sleep(0.05)
+            assert await fetch(p) == (200, b"ok")
+            assert srv.connections == 2
+            await p.aclose()
+    run(case())
+
+
+def test_a_reset_is_not_the_end_of_a_close_delimited_body() -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, srv: Server) -> None:
+        await srv.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\npartial-body")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()  # RST, not FIN
+
+    async def case() -> None:
+        async with Server(script) as srv:
+            p = pool(srv.port)
+            assert await reason_of(fetch(p)) == "upstream_protocol_error"
             await p.aclose()
     run(case())
 

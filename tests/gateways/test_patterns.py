@@ -485,3 +485,10 @@ def test_every_match_starts_with_a_prefix(pattern: CredentialPattern, data: st.D
 def test_json_strings_are_scanned_one_by_one(scanner: CredentialScanner, body: str) -> None:
     """A credential shape made only by putting two JSON strings side by side is not a finding."""
     assert scanner.scan_body(body.encode(), "application/json") is None
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-8-sig"])
+def test_json_in_any_encoding_json_loads_reads(scanner: CredentialScanner, encoding: str) -> None:
+    """json.loads reads UTF-16/32 too (and so may the upstream): the raw-bytes shortcut is UTF-8 only."""
+    body = json.dumps({"k": "ghp_A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"}).encode(encoding)
+    assert scanner.scan_body(body, "application/json") == Finding("body:json", "github_classic_pat")
