@@ -136,19 +136,17 @@ class TransitSigner:
         return await future
 
     async def _flush(self) -> None:
-        try:
-            while self._queue:
-                batch: list[Pending] = []
-                size = 0
-                while self._queue and (not batch or size + len(self._queue[0][0]) <= self.MAX_BATCH):
-                    batch.append(self._queue.pop(0))
-                    size += len(batch[-1][0])
-                await self._sign_batch(batch)
-        finally:
-            self._flusher = None
+        while self._queue:
+            batch: list[Pending] = []
+            size = 0
+            while self._queue and (not batch or size + len(self._queue[0][0]) <= self.MAX_BATCH):
+                batch.append(self._queue.pop(0))
+                size += len(batch[-1][0])
+            await self._sign_batch(batch)
 
     def _stopped(self, flusher: asyncio.Task[None]) -> None:
-        """A flusher cancelled (shutting down, even before it ran): nobody queued waits forever."""
+        """The flusher ended. Cancelled (shutting down, even before it ran): nobody still queued
+        waits forever."""
         if flusher.cancelled():
             for _, future in self._queue:
                 future.cancel()

@@ -65,7 +65,7 @@ class _Connection(asyncio.Protocol):
         self._drain: asyncio.Future[None] | None = None
         self._complete = False
         self._framed = False  # Content-Length or chunked: EOF before the end is a broken response
-        self._head_bytes = 0  # received while waiting for the response head
+        self._since_body = 0  # received while waiting for the response head
         self._header_bytes = 0  # parsed header names and values of the current response
         self.error: ValetkeyError | None = None
 
@@ -81,8 +81,8 @@ class _Connection(asyncio.Protocol):
             return
         # bytes that are neither body nor a finished head (a header or trailer that never ends:
         # httptools buffers it) since the last body bytes
-        self._head_bytes += len(data)
-        if self._head_bytes > 2 * MAX_HEAD:
+        self._since_body += len(data)
+        if self._since_body > 2 * MAX_HEAD:
             self._fail(_broken(f"upstream response head or trailers over {MAX_HEAD} bytes"))
             return
         try:
@@ -150,7 +150,7 @@ class _Connection(asyncio.Protocol):
             self.reusable = False
 
     def on_body(self, body: bytes) -> None:
-        self._head_bytes = 0
+        self._since_body = 0
         if self._complete:
             return
         self._chunks.append(bytes(body))
@@ -187,7 +187,7 @@ class _Connection(asyncio.Protocol):
     def begin(self, head_only: bool) -> asyncio.Future[tuple[int, Headers]]:
         self._head = self._loop.create_future()
         self._head_only = head_only
-        self._head_bytes = 0
+        self._since_body = 0
         self._status = 0
         self._complete = False
         self.reusable = False
@@ -385,6 +385,3 @@ class Pool:
             self._discard(conn)
         self._idle = []
         await asyncio.sleep(0)  # let the transports finish closing
-
-    def stats(self) -> dict[str, Any]:
-        return {"open": len(self._open), "idle": len(self._idle)}

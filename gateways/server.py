@@ -65,15 +65,15 @@ class CorkedWrites:
 
 
 class GatewayProtocol(HttpToolsProtocol):
-    _head_bytes = 0  # bytes received since the head began or body bytes last arrived
+    _since_body = 0  # bytes received since the message began or body bytes last arrived
     _seen = 0  # bytes of target and headers parsed so far
     _in_head = True
 
     def data_received(self, data: bytes) -> None:
         # bytes that are neither head nor body (chunk framing, trailers) since the last body
         # bytes: httptools buffers a trailer until its line ends, so this bounds that too
-        self._head_bytes += len(data)
-        if self._head_bytes > MAX_HEAD + READ_SLACK:
+        self._since_body += len(data)
+        if self._since_body > MAX_HEAD + READ_SLACK:
             if self._in_head or self.cycle is None or self.cycle.response_complete:
                 self.send_400_response(f"request head or trailers over {MAX_HEAD} bytes")
             else:
@@ -82,7 +82,7 @@ class GatewayProtocol(HttpToolsProtocol):
         super().data_received(data)
 
     def on_body(self, body: bytes) -> None:
-        self._head_bytes = 0
+        self._since_body = 0
         super().on_body(body)
 
     def on_message_begin(self) -> None:
@@ -115,7 +115,7 @@ class GatewayProtocol(HttpToolsProtocol):
         super().shutdown()
 
     def on_headers_complete(self) -> None:
-        self._in_head, self._head_bytes = False, 0
+        self._in_head, self._since_body = False, 0
         target = self.url
         connect = self.parser.get_method() == b"CONNECT"
         origin_form = target.startswith(b"/") and not connect
@@ -134,7 +134,7 @@ class GatewayProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
-        self._in_head, self._head_bytes = True, 0
+        self._in_head, self._since_body = True, 0
 
     def send_400_response(self, msg: str) -> None:
         body = json.dumps({"error": Reason.MALFORMED_REQUEST.value, "detail": msg}).encode()

@@ -3,7 +3,9 @@ a broker minting for those upstreams, and one in-process gateway per upstream un
 
 from __future__ import annotations
 
+import json
 import socket
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from broker.app import create_app
 from broker.devstack import DevVault
@@ -133,6 +136,20 @@ def gateway_settings(stack: Stack, name: str, **extra: str) -> GatewaySettings:
 async def loopback_resolver(host: str, port: int) -> list[tuple[Any, ...]]:
     """DNS seam: the test hostnames resolve to loopback (allowed only with allow_private)."""
     return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+
+
+def audit_line(stack: Stack, request_id: str) -> dict[str, Any]:
+    client = redis.Redis.from_url(stack.redis_url)
+    try:
+        for _ in range(100):
+            for _, fields in client.xrevrange("valetkey:audit", count=500):
+                line: dict[str, Any] = json.loads(fields[b"line"])
+                if line.get("request_id") == request_id and "decision" in line:  # not an alert line
+                    return line
+            time.sleep(0.05)
+    finally:
+        client.close()
+    raise AssertionError(f"no audit line for {request_id}")
 
 
 def start_gateway(stack: Stack, name: str, **extra: str) -> ThreadedServer:

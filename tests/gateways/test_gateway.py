@@ -17,7 +17,7 @@ import httpx
 import pytest
 import redis
 
-from tests.gateways.conftest import Stack
+from tests.gateways.conftest import Stack, audit_line
 
 ITEM = {"upstream": "echo", "purpose": "read_items"}
 WRITE = {"upstream": "echo", "purpose": "write_item", "params": {"item": "42"}}
@@ -301,19 +301,25 @@ def test_raw_framing_refusals(gateway_stack: Stack, bundle: dict[str, Any], raw:
     assert json.loads(body)["error"] == code
 
 
+def _flood(sock: socket.socket) -> int:
+    """Send a line that never ends (up to 64 MiB) until the gateway closes; the bytes sent."""
+    sent = 0
+    try:
+        while sent < 64 * 1024 * 1024:
+            sock.sendall(b"p" * 65536)
+            sent += 65536
+    except OSError:
+        pass  # the gateway closed the connection
+    return sent
+
+
 def test_a_head_that_never_ends_is_cut_off(gateway_stack: Stack) -> None:
     """httptools buffers a header until its line ends; the server stops reading well before memory
     does: 400 and the connection closed after ~64 KiB plus one read, however much more is sent."""
     port = int(gateway_stack.url("echo").rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.sendall(b"GET /v1/items HTTP/1.1\r\nHost: a\r\nX-Pad: ")
-        sent, answer = 0, b""
-        try:
-            while sent < 64 * 1024 * 1024:
-                sock.sendall(b"p" * 65536)
-                sent += 65536
-        except OSError:
-            pass  # the gateway closed the connection
+        sent, answer = _flood(sock), b""
         while chunk := sock.recv(65536):
             answer += chunk
     assert sent < 8 * 1024 * 1024
@@ -329,13 +335,7 @@ def test_a_trailer_that_never_ends_is_cut_off(gateway_stack: Stack, bundle: dict
             b"Transfer-Encoding: chunked\r\nAuthorization: Bearer " + token + b"\r\n\r\n2\r\n{}\r\n0\r\nX-T: ")
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.sendall(head)
-        sent = 0
-        try:
-            while sent < 64 * 1024 * 1024:
-                sock.sendall(b"p" * 65536)
-                sent += 65536
-        except OSError:
-            pass  # the gateway closed the connection
+        sent = _flood(sock)
     assert sent < 8 * 1024 * 1024
 
 
@@ -347,18 +347,7 @@ def test_absolute_form_target_is_never_audited_as_sent(gateway_stack: Stack) -> 
                                  "Host: a\r\n\r\n".encode())
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400"), answer
-    request_id = json.loads(body)["request_id"]
-    client = redis.Redis.from_url(gateway_stack.redis_url)
-    try:
-        for _ in range(100):
-            lines = [json.loads(f[b"line"]) for _, f in client.xrevrange("valetkey:audit", count=300)]
-            line = next((x for x in lines if x.get("request_id") == request_id), None)
-            if line is not None:
-                break
-            time.sleep(0.05)
-    finally:
-        client.close()
-    assert line is not None
+    line = audit_line(gateway_stack, json.loads(body)["request_id"])
     assert line["reason"] == "absolute_form_target"
     assert GHP not in json.dumps(line)
     assert "api.example" not in json.dumps(line)

@@ -9,15 +9,13 @@ import json
 import logging
 import re
 import socket
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-import redis
 
-from tests.gateways.conftest import Stack, start_gateway
+from tests.gateways.conftest import Stack, audit_line, start_gateway
 from tests.support.leaks import FORMS, HEADERS, MARKER, leak_body
 from tests.support.servers import ThreadedServer
 from tests.support.upstreams import LEAK_GATE
@@ -60,20 +58,6 @@ def assert_no_secret(stack: Stack, data: bytes) -> None:
 def read_all(response: httpx.Response, into: bytearray) -> None:
     for chunk in response.iter_raw():
         into += chunk
-
-
-def audit_line(stack: Stack, request_id: str) -> dict[str, Any]:
-    client = redis.Redis.from_url(stack.redis_url)
-    try:
-        for _ in range(100):
-            for _, fields in client.xrevrange("valetkey:audit", count=500):
-                line: dict[str, Any] = json.loads(fields[b"line"])
-                if line.get("request_id") == request_id and "decision" in line:  # not an alert line
-                    return line
-            time.sleep(0.05)
-    finally:
-        client.close()
-    raise AssertionError(f"no audit line for {request_id}")
 
 
 @pytest.mark.parametrize("size", [pytest.param(0, id="small"), pytest.param(LARGE, id="1MB")])
