@@ -5,7 +5,7 @@
     .venv/bin/python bench/redact.py --body escapes     # a worst case: escape-dense URL/JSON text
     python -m bench.redact --smoke                      # what ./scripts/bench --smoke runs
 
-The body is JSON-like API text with every enumerated form of one secret (gateways/forms.py, plus
+The body is JSON-like API text with every enumerated form of one secret (gateways/secret_forms.py, plus
 ``Bearer <secret>`` and the secret inside longer base64 blobs) placed every ``--every`` bytes. It
 is fed to one StreamRedactor in ``--chunk`` pieces on one core; the figure is body bytes per
 second (MB = 10^6 bytes), median of ``--repeat`` runs, with min and max.
@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gateways.forms import compile_text, texts
 from gateways.redact import MARKER, Redactor, forms
+from gateways.secret_forms import compile_text, texts
 
 SECRET = b"real-bench-secret-9f3c2a7d1e5b4c6a8f0d2e4b"
 WORDS = [b"issue", b"comment", b"repository", b"created_at", b"state", b"open", b"closed", b"labels",

@@ -3,36 +3,15 @@ targets of issue 6, each met or missed with the figure it was judged on."""
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 from bench.proxy import KINDS, added, med, ratios
+from bench.tables import num, spread, table
+from bench.targets import targets
 
 Results = dict[str, Any]
 GENERATORS = {"wrk": "wrk (one thread)",
               "python closed loop": "the harness's own closed-loop generator (wrk is not installed)"}
-
-
-def num(x: float) -> str:
-    if abs(x) >= 100:
-        return f"{x:,.0f}"
-    if abs(x) >= 10:
-        return f"{x:.1f}"
-    return f"{x:.2f}"
-
-
-def spread(values: list[float], unit: str = "") -> str:
-    """Median, with (min..max) over the rounds when there is more than one."""
-    if not values:
-        return "—"
-    middle = f"{num(float(statistics.median(values)))}{unit}"
-    return middle if len(values) == 1 else f"{middle} ({num(min(values))}..{num(max(values))})"
-
-
-def table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" if i == 0 else "---:"
-                                                            for i in range(len(header))) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
 def machine(results: Results) -> str:
@@ -207,7 +186,6 @@ def profile(results: Results) -> str:
 
 
 def render(results: Results) -> str:
-    from bench.targets import targets
 
     parts = ["## Machine and run", machine(results), targets(results)]
     for section in (proxy, sse, redaction, tokens, revocation, memory, profile):

@@ -21,9 +21,9 @@ from typing import Any
 
 from bench import docfile
 from bench.proxy import KINDS, BenchFailure, Plan, Target, checked, run_loadgen, spec_for, warm
-from bench.report import num, table
 from bench.rss import Sampler
 from bench.stack import BenchStack
+from bench.tables import num, table
 
 FLAT_MB_PER_MIN = 0.1  # at most 1 MB per 10 minutes once settled
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import httpx
 
-from broker.devstack import DevVault
-from broker.localstack import OpenBaoDev, RedisServer, free_port
 from policies.load import load_policy_dir
+from valetkey.dev.services import OpenBaoDev, RedisServer, free_port
+from valetkey.dev.vault_seed import DevVault
 
 ISSUER = "http://broker.bench.valetkey.test"
 UPSTREAM = "bench"
@@ -111,7 +111,7 @@ class BenchStack:
         self.broker_url = f"http://127.0.0.1:{broker_port}"
         self._common = {"VAULT_ADDR": vault.addr, "VALETKEY_REDIS_URL": redis.url, "VALETKEY_ISSUER": ISSUER,
                         "VALETKEY_POLICY_DIR": str(policy_dir)}
-        self.broker = self.spawn("broker", [sys.executable, "-m", "broker.cli", "broker", "serve",
+        self.broker = self.spawn("broker", [sys.executable, "-m", "valetkey.cli", "broker", "serve",
                                             "--log-level", "warning"],
                                  {**self._common, "VAULT_TOKEN": self.vault.broker_token,
                                   "VALETKEY_LISTEN": f"127.0.0.1:{broker_port}"})
@@ -129,7 +129,7 @@ class BenchStack:
                "VALETKEY_BROKER_URL": self.broker_url, "VALETKEY_LISTEN": f"127.0.0.1:{port}",
                **self.env_extra}
         proc = self.spawn(f"gateway-{len(self.gateway_procs)}",
-                          [sys.executable, "-m", "broker.cli", "gateway", "serve", "--upstream", UPSTREAM,
+                          [sys.executable, "-m", "valetkey.cli", "gateway", "serve", "--upstream", UPSTREAM,
                            "--workers", str(workers), "--log-level", "warning"], env)
         self.gateway_procs.append(proc)
         url = f"http://127.0.0.1:{port}"

@@ -9,6 +9,7 @@ from typing import Any
 
 from bench.proxy import added, med, ratios
 from bench.soak import FLAT_MB_PER_MIN
+from bench.tables import table
 
 Results = dict[str, Any]
 
@@ -85,7 +86,6 @@ def missed(results: Results) -> list[str]:
 
 
 def targets(results: Results) -> str:
-    from bench.report import table
 
     rows = [[what, verdict, figure] for what, verdict, figure in judged(results)]
     mbps = redaction_mb_per_s(results)

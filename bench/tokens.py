@@ -29,13 +29,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from bench.rss import Sampler, rss_mb
 from bench.stack import ISSUER, UPSTREAM, BenchStack
 from bench.tools import find_wrk, wrk
-from broker.jwks import KeyCache, http_fetcher
-from broker.revocations import RevocationSet
 from broker.runs import new_run_id
-from broker.secret import Secret
-from broker.tokens import AccessClaims, GrantClaim, TransitSigner, params_view
-from broker.vault import VaultClient
-from broker.verify import TokenVerifier
+from broker.signer import TransitSigner
+from contract.claims import AccessClaims, GrantClaim, params_view
+from contract.jwks import KeyCache, http_fetcher
+from contract.revocations import RevocationSet
+from contract.secret import Secret
+from contract.vault import VaultClient
+from contract.verify import TokenVerifier
 
 
 def raw_ed25519_per_s(calls: int) -> float:

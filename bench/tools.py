@@ -20,7 +20,7 @@ from typing import Any
 
 from bench.loadgen import json_body
 from bench.stack import wait_http
-from broker.localstack import free_port
+from valetkey.dev.services import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 TOOLS_VENV = REPO / ".venv-bench" / "bin"

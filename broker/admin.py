@@ -20,9 +20,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from broker import auditlog
-from broker.errors import BadRequest, NotFound, Reason, ValetkeyError
-from broker.revocations import Revocation, Scope, new_revocation
+from contract import audit_stream
+from contract.errors import BadRequest, NotFound, Reason, ValetkeyError
+from contract.revocations import Revocation, Scope, new_revocation
 
 if TYPE_CHECKING:
     from broker.app import Services
@@ -63,7 +63,7 @@ async def record_event(svc: Services, revocation: Revocation, action: str) -> No
     elif revocation.scope is Scope.RUNTIME:
         line["runtime"] = revocation.name
     log.info(json.dumps(line, sort_keys=True))
-    await auditlog.append(svc.redis, line, kind="revocation", maxlen=svc.settings.audit_maxlen)
+    await audit_stream.append(svc.redis, line, kind="revocation", maxlen=svc.settings.audit_maxlen)
 
 
 async def revoke(request: Request) -> Response:
@@ -122,7 +122,7 @@ async def run_audit(request: Request) -> Response:
         limit = min(int(request.query_params.get("limit", "500")), 5000)
     except ValueError:
         raise BadRequest("limit must be a whole number", Reason.INVALID_REQUEST) from None
-    entries = await auditlog.query(svc.redis, auditlog.Filter(run=run_id), since=since, limit=limit)
+    entries = await audit_stream.query(svc.redis, audit_stream.Filter(run=run_id), since=since, limit=limit)
     return JSONResponse({"run_id": run_id, "entries": entries})
 
 

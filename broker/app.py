@@ -25,20 +25,22 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from broker import auditlog, bundle
+from broker import bundle
 from broker.admin import ROUTES as ADMIN_ROUTES
 from broker.admin import end_run_artifacts
 from broker.callers import Caller, CallerAuthenticator
-from broker.errors import BadRequest, Forbidden, NotFound, PayloadTooLarge, Reason, ValetkeyError
 from broker.grants import parse_run_request
-from broker.jwks import jwks_from_transit
 from broker.openapi import OPENAPI
 from broker.reaper import Reaper
-from broker.revocations import RevocationStore
 from broker.runs import RunRecord, RunRegistry, new_run_id
 from broker.settings import BrokerSettings
-from broker.tokens import AccessClaims, TransitSigner
-from broker.vault import VaultClient
+from broker.signer import TransitSigner
+from contract import audit_stream
+from contract.claims import AccessClaims
+from contract.errors import BadRequest, Forbidden, NotFound, PayloadTooLarge, Reason, ValetkeyError
+from contract.jwks import jwks_from_transit
+from contract.revocations import RevocationStore
+from contract.vault import VaultClient
 from policies.load import load_policy_dir
 from policies.model import PolicySet
 
@@ -134,7 +136,7 @@ async def create_run(request: Request) -> Response:
     await svc.runs.create(record)
     event("run_created", run=run_id, runtime=runtime.name, grants=record.grants,
           expires=record.expires, jtis=[c.jti for c in claims])
-    await auditlog.append(svc.redis, {"event": "run_created", "run": run_id, "runtime": runtime.name,
+    await audit_stream.append(svc.redis, {"event": "run_created", "run": run_id, "runtime": runtime.name,
                                       "grants": record.grants, "expires": record.expires, "time": now},
                           kind="run", maxlen=svc.settings.audit_maxlen)
     body = bundle.render(record, dict(zip(run_request.by_upstream, tokens, strict=True)),

@@ -14,9 +14,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from broker.errors import Forbidden, Reason, Unauthenticated
-from broker.secret import token_hash
-from broker.vault import VaultClient
+from contract.errors import Forbidden, Reason, Unauthenticated
+from contract.secret import token_hash
+from contract.vault import VaultClient
 from policies.model import PolicySet, Runtime
 
 MAX_CALLER_TOKEN = 1024

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from broker.errors import BadRequest, Forbidden, Reason
-from broker.tokens import GrantClaim, params_view
+from contract.claims import GrantClaim, params_view
+from contract.errors import BadRequest, Forbidden, Reason
 from policies.model import PolicySet, Runtime
 from policies.templates import value_widens
 from policies.units import parse_duration

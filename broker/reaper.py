@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
-from broker.errors import ValetkeyError
-from broker.revocations import CHANNEL, Revocation, Scope
+from contract.errors import ValetkeyError
+from contract.revocations import CHANNEL, Revocation, Scope
 
 if TYPE_CHECKING:
     from broker.app import Services

@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from broker.errors import NotFound, Reason, TokenInvalid, Unavailable
-from broker.tokens import AccessClaims
+from contract.claims import AccessClaims
+from contract.errors import NotFound, Reason, TokenInvalid, Unavailable
 
 KEY_PREFIX = "valetkey:run:"
 ACTIVE = "active"

@@ -7,17 +7,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from urllib.parse import urlsplit
 
-from broker.secret import Secret
-from policies.units import parse_duration
-
-REDIS_SCHEMES = ("redis", "rediss", "unix")
-SHIPPED_POLICY_DIR = Path(__file__).resolve().parent.parent / "policies"
-
-
-class SettingsError(ValueError):
-    """A setting has a bad value; the message names the environment variable."""
+from contract.env import (
+    REDIS_SCHEMES,
+    SettingsError,
+    checked_url,
+    directory,
+    duration,
+    int_setting,
+    required,
+    url_setting,
+)
+from contract.secret import Secret
+from policies.load import SHIPPED_POLICY_DIR
 
 
 @dataclass(frozen=True)
@@ -49,70 +51,26 @@ class BrokerSettings:
         host, _, port = listen.rpartition(":")
         issuer = env.get("VALETKEY_ISSUER", f"http://{listen}")
         return cls(
-            vault_addr=_url(env, "VAULT_ADDR", "http://127.0.0.1:8200"),
-            vault_token=Secret(_required(env, "VAULT_TOKEN")),
-            redis_url=_url(env, "VALETKEY_REDIS_URL", "redis://127.0.0.1:6379/0", REDIS_SCHEMES),
-            policy_dir=_directory(env, "VALETKEY_POLICY_DIR", SHIPPED_POLICY_DIR),
-            issuer=_checked_url("VALETKEY_ISSUER", issuer),
+            vault_addr=url_setting(env, "VAULT_ADDR", "http://127.0.0.1:8200"),
+            vault_token=Secret(required(env, "VAULT_TOKEN")),
+            redis_url=url_setting(env, "VALETKEY_REDIS_URL", "redis://127.0.0.1:6379/0", REDIS_SCHEMES),
+            policy_dir=directory(env, "VALETKEY_POLICY_DIR", SHIPPED_POLICY_DIR),
+            issuer=checked_url("VALETKEY_ISSUER", issuer),
             host=host.strip("[]") or "127.0.0.1",
-            port=_int("VALETKEY_LISTEN", port, 0, 65535),
+            port=int_setting("VALETKEY_LISTEN", port, 0, 65535),
             admin_policy=env.get("VALETKEY_ADMIN_POLICY", "valetkey-admin"),
             transit_mount=env.get("VALETKEY_TRANSIT_MOUNT", "transit"),
             signing_key=env.get("VALETKEY_SIGNING_KEY", "valetkey-tokens"),
-            default_ttl=_duration(env, "VALETKEY_DEFAULT_TTL", "15m"),
-            caller_cache_ttl=_duration(env, "VALETKEY_CALLER_CACHE_TTL", "30s"),
-            key_cache_ttl=_duration(env, "VALETKEY_KEY_CACHE_TTL", "10s"),
-            audit_maxlen=_int("VALETKEY_AUDIT_MAXLEN", env.get("VALETKEY_AUDIT_MAXLEN", "100000"),
+            default_ttl=duration(env, "VALETKEY_DEFAULT_TTL", "15m"),
+            caller_cache_ttl=duration(env, "VALETKEY_CALLER_CACHE_TTL", "30s"),
+            key_cache_ttl=duration(env, "VALETKEY_KEY_CACHE_TTL", "10s"),
+            audit_maxlen=int_setting("VALETKEY_AUDIT_MAXLEN", env.get("VALETKEY_AUDIT_MAXLEN", "100000"),
                               1000, 100_000_000),
             gateway_urls=MappingProxyType(_gateway_urls(env.get("VALETKEY_GATEWAY_URLS", ""))),
             gateway_url_template=env.get(
                 "VALETKEY_GATEWAY_URL_TEMPLATE", "http://valetkey-gateway-{upstream}:8080"
             ),
         )
-
-
-def _required(env: Mapping[str, str], key: str) -> str:
-    value = env.get(key, "")
-    if not value:
-        raise SettingsError(f"{key} must be set")
-    return value
-
-
-def _checked_url(key: str, value: str, schemes: tuple[str, ...] = ("http", "https")) -> str:
-    parts = urlsplit(value)
-    if parts.scheme not in schemes or (parts.scheme != "unix" and not parts.hostname):
-        raise SettingsError(f"{key}={value!r} is not a {'/'.join(schemes)} URL")
-    return value.rstrip("/")
-
-
-def _url(
-    env: Mapping[str, str], key: str, default: str, schemes: tuple[str, ...] = ("http", "https")
-) -> str:
-    return _checked_url(key, env.get(key, default), schemes)
-
-
-def _directory(env: Mapping[str, str], key: str, default: Path) -> Path:
-    path = Path(env.get(key, str(default)))
-    if not path.is_dir():
-        raise SettingsError(f"{key}={str(path)!r} is not a directory")
-    return path
-
-
-def _int(key: str, value: str, low: int, high: int) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise SettingsError(f"{key}: {value!r} is not a whole number") from None
-    if not low <= number <= high:
-        raise SettingsError(f"{key}: {number} is outside {low}..{high}")
-    return number
-
-
-def _duration(env: Mapping[str, str], key: str, default: str) -> int:
-    try:
-        return parse_duration(env.get(key, default))
-    except ValueError as exc:
-        raise SettingsError(f"{key}: {exc}") from None
 
 
 def _gateway_urls(raw: str) -> dict[str, str]:
@@ -122,5 +80,5 @@ def _gateway_urls(raw: str) -> dict[str, str]:
         name, sep, url = item.partition("=")
         if not sep or not name:
             raise SettingsError(f"VALETKEY_GATEWAY_URLS: {item!r} is not name=url")
-        out[name.strip()] = _checked_url("VALETKEY_GATEWAY_URLS", url.strip())
+        out[name.strip()] = checked_url("VALETKEY_GATEWAY_URLS", url.strip())
     return out

@@ -21,20 +21,20 @@ import httpx
 import redis.asyncio as aioredis
 from prometheus_client import start_http_server
 
-from broker.jwks import KeyCache, http_fetcher
-from broker.secret import Secret
-from broker.vault import VaultClient
-from broker.verify import TokenVerifier
+from contract.jwks import KeyCache, http_fetcher
+from contract.secret import Secret
+from contract.vault import VaultClient
+from contract.verify import TokenVerifier
 from gateways import reserved
-from gateways.alerts import Detectors, WebhookSender
 from gateways.audit import AuditSink, Metrics
 from gateways.budget import Budgets
+from gateways.credential_scan import CredentialScanner
+from gateways.detectors import Detectors, WebhookSender
 from gateways.egress import PinnedResolver, Resolver
-from gateways.patterns import CredentialScanner
 from gateways.pipeline import Receive, Send, handle, new_exchange
 from gateways.redact import Redactor
-from gateways.revocation import RevocationWatcher
-from gateways.secrets import SecretStore
+from gateways.revocation_watcher import RevocationWatcher
+from gateways.secret_store import SecretStore
 from gateways.settings import GatewaySettings
 from gateways.upstream import UpstreamClient
 from policies.model import Alerting, Injection, Placement, Upstream

@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from redis.exceptions import RedisError
 
-from broker.errors import ValetkeyError
+from contract.errors import ValetkeyError
 
 log = logging.getLogger("valetkey.audit")
 Observer = Callable[["AuditRecord", int], Awaitable[None]]

@@ -16,8 +16,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from broker.errors import Reason, TooManyRequests, Unavailable
-from broker.tokens import AccessClaims
+from contract.claims import AccessClaims
+from contract.errors import Reason, TooManyRequests, Unavailable
 from policies.model import Purpose, Upstream
 
 PREFIX = "valetkey:budget:"

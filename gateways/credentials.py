@@ -11,8 +11,8 @@ import base64
 import binascii
 from urllib.parse import parse_qsl, urlencode
 
-from broker.errors import Reason, Unauthenticated
-from broker.secret import Secret
+from contract.errors import Reason, Unauthenticated
+from contract.secret import Secret
 from policies.model import Injection, Placement
 
 Headers = list[tuple[bytes, bytes]]

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from enum import Enum, StrEnum
 from typing import Any, Final
 
-from broker.errors import BadRequest, Forbidden, Reason, Unavailable, UpstreamError, ValetkeyError
+from contract.errors import BadRequest, Forbidden, Reason, Unavailable, UpstreamError, ValetkeyError
 
 log = logging.getLogger("valetkey.gateway")
 

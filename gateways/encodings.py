@@ -19,7 +19,7 @@ from typing import Protocol
 import brotli  # type: ignore[import-untyped]
 import zstandard
 
-from broker.errors import Reason, UpstreamError
+from contract.errors import Reason, UpstreamError
 
 PIECE = 256 * 1024  # most bytes one decode call returns
 FLOOR = 64 * 1024 * 1024  # decoded bytes always accepted, whatever the ratio

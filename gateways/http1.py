@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import httptools
 
-from broker.errors import GatewayTimeout, Reason, UpstreamError, ValetkeyError
+from contract.errors import GatewayTimeout, Reason, UpstreamError, ValetkeyError
 
 Headers = list[tuple[bytes, bytes]]
 

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import quote, unquote_to_bytes
 
-from broker.errors import BadRequest, Forbidden, Reason
+from contract.errors import BadRequest, Forbidden, Reason
 
 MAX_TARGET = 8192
 _BAD_ESCAPE = re.compile(rb"%(?![0-9A-Fa-f]{2})")

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_to_bytes
 
-from broker.errors import (
+from contract.claims import AccessClaims
+from contract.errors import (
     BadRequest,
     Forbidden,
     GatewayTimeout,
@@ -32,12 +33,11 @@ from broker.errors import (
     UpstreamError,
     ValetkeyError,
 )
-from broker.tokens import AccessClaims
 from gateways.audit import AuditRecord, masked_path
+from gateways.credential_scan import Finding, media_type
 from gateways.credentials import Headers, extract_placeholder, forwarded_headers, inject
 from gateways.encodings import BodyDecoder, body_decoder
 from gateways.paths import CanonicalPath, canonical_path
-from gateways.patterns import Finding, media_type
 from gateways.upstream import response_headers
 from policies.model import Placement, Purpose
 

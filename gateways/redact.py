@@ -1,7 +1,7 @@
 """Redaction of the secrets a gateway holds from everything it returns to the sandbox.
 
 A ``Redactor`` is built once per set of secret values (at load or rotation), never per request.
-It knows every *text* of each secret (``gateways/forms.py``: the secret, its base64 at each
+It knows every *text* of each secret (``gateways/secret_forms.py``: the secret, its base64 at each
 alignment, its hex — each character verbatim or escaped) plus the literal forms the injection
 produced, and replaces each occurrence with ``MARKER``.
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from ahocorasick_rs import MATCHKIND_LEFTMOST_FIRST, BytesAhoCorasick
 
-from gateways.forms import FAMILIES, Anchor, Text, compile_text, forms, texts
+from gateways.secret_forms import FAMILIES, Anchor, Text, compile_text, forms, texts
 
 __all__ = ["MARKER", "MIN_SECRET_LENGTH", "Redactor", "StreamRedactor", "forms"]
 

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from broker import auditlog
-from broker.errors import MethodNotAllowed, NotFound, ValetkeyError
-from broker.revocations import RevocationStore, Scope, new_revocation
+from contract import audit_stream
+from contract.errors import MethodNotAllowed, NotFound, ValetkeyError
+from contract.revocations import RevocationStore, Scope, new_revocation
 from gateways.credentials import extract_placeholder
 
 if TYPE_CHECKING:
@@ -81,10 +81,9 @@ async def _end_run(gw: Gateway, scope: dict[str, Any]) -> None:
     who = f"run:{claims.sub} (itself, through gateway {gw.upstream.name})"
     record = await RevocationStore(gw.redis).revoke(
         new_revocation(Scope.RUN, claims.sub, who, "ended from inside the run", run_expires=claims.exp))
-    await auditlog.append(gw.redis, {"event": "revoke", "scope": "run", "name": claims.sub, "run": claims.sub,
-                                     "runtime": claims.client_id, "who": who, "why": record.why,
-                                     "time": record.when}, kind="revocation",
-                          maxlen=gw.settings.audit_maxlen)
+    line = {"event": "revoke", "scope": "run", "name": claims.sub, "run": claims.sub,
+            "runtime": claims.client_id, "who": who, "why": record.why, "time": record.when}
+    await audit_stream.append(gw.redis, line, kind="revocation", maxlen=gw.settings.audit_maxlen)
 
 
 def _ok(check: Any) -> bool:

@@ -23,7 +23,7 @@ from typing import Any, cast
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from broker.errors import Reason
+from contract.errors import Reason
 
 MAX_HEAD = 64 * 1024
 READ_SLACK = 256 * 1024  # one read may carry the end of a head and the start of a body

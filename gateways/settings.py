@@ -7,17 +7,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.secret import Secret
-from broker.settings import (
+from contract.env import (
     REDIS_SCHEMES,
-    SHIPPED_POLICY_DIR,
     SettingsError,
-    _checked_url,
-    _directory,
-    _duration,
-    _int,
-    _url,
+    checked_url,
+    directory,
+    duration,
+    int_setting,
+    url_setting,
 )
+from contract.secret import Secret
+from policies.load import SHIPPED_POLICY_DIR
 
 
 @dataclass(frozen=True)
@@ -62,34 +62,34 @@ class GatewaySettings:
                 "set VALETKEY_VAULT_ROLE_ID and VALETKEY_VAULT_SECRET_ID (or _FILE) for AppRole, "
                 "or VAULT_TOKEN in development"
             )
-        broker_url = _url(env, "VALETKEY_BROKER_URL", "http://127.0.0.1:8400")
+        broker_url = url_setting(env, "VALETKEY_BROKER_URL", "http://127.0.0.1:8400")
         return cls(
             upstream=upstream,
-            vault_addr=_url(env, "VAULT_ADDR", "http://127.0.0.1:8200"),
+            vault_addr=url_setting(env, "VAULT_ADDR", "http://127.0.0.1:8200"),
             vault_token=Secret(token) if token else None,
             approle_role_id=role_id,
             approle_secret_id=secret_id,
-            redis_url=_url(env, "VALETKEY_REDIS_URL", "redis://127.0.0.1:6379/0", REDIS_SCHEMES),
-            policy_dir=_directory(env, "VALETKEY_POLICY_DIR", SHIPPED_POLICY_DIR),
+            redis_url=url_setting(env, "VALETKEY_REDIS_URL", "redis://127.0.0.1:6379/0", REDIS_SCHEMES),
+            policy_dir=directory(env, "VALETKEY_POLICY_DIR", SHIPPED_POLICY_DIR),
             broker_url=broker_url,
-            issuer=_checked_url("VALETKEY_ISSUER", env.get("VALETKEY_ISSUER", broker_url)),
+            issuer=checked_url("VALETKEY_ISSUER", env.get("VALETKEY_ISSUER", broker_url)),
             host=host.strip("[]") or "127.0.0.1",
-            port=_int("VALETKEY_LISTEN", port, 0, 65535),
-            secret_refresh=_duration(env, "VALETKEY_SECRET_REFRESH", "60s"),
-            secret_max_stale=_duration(env, "VALETKEY_SECRET_MAX_STALE", "10m"),
-            jwks_max_age=_duration(env, "VALETKEY_JWKS_MAX_AGE", "5m"),
-            connect_timeout=float(_duration(env, "VALETKEY_CONNECT_TIMEOUT", "5s")),
-            read_timeout=float(_duration(env, "VALETKEY_READ_TIMEOUT", "120s")),
-            total_timeout=float(_duration(env, "VALETKEY_TOTAL_TIMEOUT", "15m")),
+            port=int_setting("VALETKEY_LISTEN", port, 0, 65535),
+            secret_refresh=duration(env, "VALETKEY_SECRET_REFRESH", "60s"),
+            secret_max_stale=duration(env, "VALETKEY_SECRET_MAX_STALE", "10m"),
+            jwks_max_age=duration(env, "VALETKEY_JWKS_MAX_AGE", "5m"),
+            connect_timeout=float(duration(env, "VALETKEY_CONNECT_TIMEOUT", "5s")),
+            read_timeout=float(duration(env, "VALETKEY_READ_TIMEOUT", "120s")),
+            total_timeout=float(duration(env, "VALETKEY_TOTAL_TIMEOUT", "15m")),
             upstream_ca_file=_ca_file(env, "VALETKEY_UPSTREAM_CA_FILE"),
             broker_ca_file=_ca_file(env, "VALETKEY_BROKER_CA_FILE"),
-            revocation_max_stale=float(_duration(env, "VALETKEY_REVOCATION_MAX_STALE", "3s")),
+            revocation_max_stale=float(duration(env, "VALETKEY_REVOCATION_MAX_STALE", "3s")),
             metrics_listen=_listen(env, "VALETKEY_METRICS_LISTEN"),
-            alert_webhook_url=_checked_url("VALETKEY_ALERT_WEBHOOK_URL", env["VALETKEY_ALERT_WEBHOOK_URL"])
+            alert_webhook_url=checked_url("VALETKEY_ALERT_WEBHOOK_URL", env["VALETKEY_ALERT_WEBHOOK_URL"])
             if env.get("VALETKEY_ALERT_WEBHOOK_URL") else "",
             alert_webhook_secret=Secret(env["VALETKEY_ALERT_WEBHOOK_SECRET"])
             if env.get("VALETKEY_ALERT_WEBHOOK_SECRET") else None,
-            audit_maxlen=_int("VALETKEY_AUDIT_MAXLEN", env.get("VALETKEY_AUDIT_MAXLEN", "100000"),
+            audit_maxlen=int_setting("VALETKEY_AUDIT_MAXLEN", env.get("VALETKEY_AUDIT_MAXLEN", "100000"),
                               1000, 100_000_000),
         )
 
@@ -99,7 +99,7 @@ def _listen(env: Mapping[str, str], key: str) -> tuple[str, int] | None:
     if not value:
         return None
     host, _, port = value.rpartition(":")
-    return host.strip("[]") or "127.0.0.1", _int(key, port, 1, 65535)
+    return host.strip("[]") or "127.0.0.1", int_setting(key, port, 1, 65535)
 
 
 def _ca_file(env: Mapping[str, str], key: str) -> str | None:

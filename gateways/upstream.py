@@ -10,7 +10,7 @@ import ssl
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
-from broker.errors import BadRequest, Reason
+from contract.errors import BadRequest, Reason
 from gateways.credentials import HOP_BY_HOP, Headers
 from gateways.http1 import BODY_EXPECTED, Pool, Response
 from policies.model import Upstream

@@ -1,7 +1,8 @@
 """The valetkey policy language: versioned YAML validated completely at load."""
 
-from policies.load import PolicyLoadError, Problem, load_policy_dir
+from policies.load import PolicyLoadError, load_policy_dir
 from policies.model import PolicySet, Purpose, Runtime, Upstream
+from policies.report import Problem
 
 __all__ = [
     "PolicyLoadError",

@@ -7,27 +7,18 @@ errors. Nothing half-valid is returned: any error raises ``PolicyLoadError`` lis
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 import yaml
 
-from policies import checks, runtime_checks
-from policies.alerting import alerts
+from policies import runtime_doc, upstream_doc
+from policies.alerts_doc import alerts
 from policies.model import POLICY_VERSION, Alerting, PolicySet, Runtime, Upstream
+from policies.report import Problem, Report
 
-
-@dataclass(frozen=True)
-class Problem:
-    file: str
-    rule: str
-    message: str
-    fix: str
-
-    def __str__(self) -> str:
-        return f"{self.file}: {self.rule}: {self.message} (fix: {self.fix})"
+SHIPPED_POLICY_DIR = Path(__file__).resolve().parent
 
 
 class PolicyLoadError(ValueError):
@@ -91,7 +82,7 @@ def load_policy_files(files: list[Path]) -> PolicySet:
     alerting: list[Alerting] = []
     for path in files:
         for index, doc in _documents(path, problems):
-            report = checks.Report(str(path), problems)
+            report = Report(str(path), problems)
             kind = doc.get("kind") if isinstance(doc, dict) else None
             where = f"document {index + 1}"
             if not isinstance(doc, dict):
@@ -100,11 +91,11 @@ def load_policy_files(files: list[Path]) -> PolicySet:
             if not _version_ok(doc, where, report):
                 continue
             if kind == "upstream":
-                upstream = checks.upstream(doc, report)
+                upstream = upstream_doc.upstream(doc, report)
                 if upstream is not None:
                     _add_unique(upstreams, upstream.name, upstream, "upstream", report)
             elif kind == "runtime":
-                runtime = runtime_checks.runtime(doc, report)
+                runtime = runtime_doc.runtime(doc, report)
                 if runtime is not None:
                     _add_unique(runtimes, runtime.name, runtime, "runtime", report)
             elif kind == "alerts":
@@ -120,14 +111,14 @@ def load_policy_files(files: list[Path]) -> PolicySet:
                     "set `kind: upstream`, `kind: runtime` or `kind: alerts`",
                 )
     if not problems:
-        runtime_checks.cross_references(upstreams, runtimes, problems)
+        runtime_doc.cross_references(upstreams, runtimes, problems)
     if problems:
         raise PolicyLoadError(problems)
     return PolicySet(upstreams=MappingProxyType(upstreams), runtimes=MappingProxyType(runtimes),
                      alerting=alerting[0] if alerting else Alerting())
 
 
-def _version_ok(doc: dict[Any, Any], where: str, report: checks.Report) -> bool:
+def _version_ok(doc: dict[Any, Any], where: str, report: Report) -> bool:
     fix = f"set `version: {POLICY_VERSION}`"
     if "version" not in doc:
         report.add(f"{where} version", "missing key 'version'", fix)
@@ -141,7 +132,7 @@ def _version_ok(doc: dict[Any, Any], where: str, report: checks.Report) -> bool:
 
 
 def _add_unique(
-    table: dict[str, Any], name: str, value: Any, kind: str, report: checks.Report
+    table: dict[str, Any], name: str, value: Any, kind: str, report: Report
 ) -> None:
     if name in table:
         report.add(

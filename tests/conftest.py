@@ -11,10 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from broker.devstack import DevVault
-from broker.localstack import OpenBaoDev, RedisServer
 from policies.load import load_policy_dir
 from policies.model import PolicySet
+from valetkey.dev.services import OpenBaoDev, RedisServer
+from valetkey.dev.vault_seed import DevVault
+
+# the broker and gateway stacks are fixtures every test package may use
+pytest_plugins = ["tests.support.broker_stack", "tests.support.gateway_stack"]
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED_POLICY_DIR = REPO / "policies"

@@ -20,4 +20,4 @@ def test_deploy_yaml_parses(path: Path) -> None:
 def test_there_are_deploy_examples() -> None:
     assert (DEPLOY / "compose.yaml").is_file()
     assert (DEPLOY / "k8s").is_dir()
-    assert {p.stem for p in (DEPLOY / "vault").glob("*.hcl*")} >= {"gateway.hcl", "runtime"}
+    assert {p.stem for p in (DEPLOY.parent / "valetkey" / "hcl").glob("*.hcl*")} >= {"gateway.hcl", "runtime"}

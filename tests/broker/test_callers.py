@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from broker.callers import caller_token, identify
-from broker.errors import Unauthenticated
+from contract.errors import Unauthenticated
 from policies.model import PolicySet
 
 ADMIN = "valetkey-admin"

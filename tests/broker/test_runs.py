@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from broker.errors import TokenInvalid
-from tests.broker.conftest import Broker
+from contract.errors import TokenInvalid
+from tests.support.broker_stack import Broker
 
 READ_REPO = {"upstream": "github", "purpose": "read_repo", "params": {"owner": "acme", "repo": "widgets"}}
 CHAT = {"upstream": "openai", "purpose": "chat"}

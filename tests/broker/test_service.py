@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from broker.localstack import free_port
-from broker.settings import SHIPPED_POLICY_DIR
-from tests.broker.conftest import Broker
+from policies.load import SHIPPED_POLICY_DIR
+from tests.support.broker_stack import Broker
+from valetkey.dev.services import free_port
 
 VALETKEY = str(Path(sys.executable).parent / "valetkey")
 
@@ -110,7 +110,7 @@ def test_wrong_method_is_json(broker: Broker) -> None:
 
 def test_readyz_fails_closed_without_redis(bootstrapped_vault: Any) -> None:
     from broker.app import create_app
-    from tests.broker.conftest import broker_settings
+    from tests.support.broker_stack import broker_settings
     from tests.support.servers import ThreadedServer
 
     settings = broker_settings(bootstrapped_vault, f"redis://127.0.0.1:{free_port()}/0")
@@ -126,7 +126,7 @@ def test_readyz_fails_closed_without_redis(bootstrapped_vault: Any) -> None:
 
 def test_readyz_fails_when_the_broker_token_is_refused(bootstrapped_vault: Any, redis_server: Any) -> None:
     from broker.app import create_app
-    from tests.broker.conftest import broker_settings
+    from tests.support.broker_stack import broker_settings
     from tests.support.servers import ThreadedServer
 
     settings = broker_settings(bootstrapped_vault, redis_server.url)

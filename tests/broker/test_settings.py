@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker.settings import BrokerSettings, SettingsError
+from broker.settings import BrokerSettings
+from contract.env import SettingsError
 
 BASE = {"VAULT_TOKEN": "hvs.very-secret-value", "VALETKEY_POLICY_DIR": "policies"}
 

@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 
-from broker.errors import UpstreamError
-from broker.jwks import jwks_from_transit, parse_jwks
 from broker.runs import new_run_id
-from broker.secret import Secret
-from broker.tokens import AccessClaims, GrantClaim, TransitSigner, params_view
-from broker.vault import VaultClient
-from broker.verify import verify_signature
+from broker.signer import TransitSigner
+from contract.claims import AccessClaims, GrantClaim, params_view
+from contract.errors import UpstreamError
+from contract.jwks import jwks_from_transit, parse_jwks
+from contract.secret import Secret
+from contract.vault import VaultClient
+from contract.verify import verify_signature
 
 
 def claims(count: int) -> list[AccessClaims]:

@@ -1,4 +1,4 @@
-"""End-to-end fixtures: the demo upstreams (``broker.demo``) behind real gateways, minted for by a
+"""End-to-end fixtures: the demo upstreams (``valetkey.dev.demo``) behind real gateways, minted for by a
 real broker, with the demo policies — and clients run as subprocesses with only a run bundle's env.
 
 The stack has its own OpenBao dev server: the demo upstreams are named like the shipped ones
@@ -25,10 +25,6 @@ import pytest
 import redis
 
 from broker.app import create_app
-from broker.demo.policies import DEMO_RUNTIME, demo_grants, write_demo_policies
-from broker.demo.servers import DemoUpstreams, allocate_ports, start_demo_upstreams
-from broker.devstack import DevVault
-from broker.localstack import OpenBaoDev, RedisServer, free_port
 from broker.settings import BrokerSettings
 from gateways.app import GatewayApp
 from gateways.server import GatewayProtocol
@@ -36,6 +32,10 @@ from gateways.settings import GatewaySettings
 from policies.load import load_policy_dir
 from policies.model import PolicySet
 from tests.support.servers import ThreadedServer
+from valetkey.dev.demo.policies import DEMO_RUNTIME, demo_grants, write_demo_policies
+from valetkey.dev.demo.servers import DemoUpstreams, allocate_ports, start_demo_upstreams
+from valetkey.dev.services import OpenBaoDev, RedisServer, free_port
+from valetkey.dev.vault_seed import DevVault
 
 AUDIT_STREAM = "valetkey:audit"
 AUDIT_SCAN = 5000  # the newest lines of the session-wide stream; a test's own lines are among them

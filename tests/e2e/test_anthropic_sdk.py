@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from broker.demo.anthropic_like import reply_text
 from tests.e2e.conftest import Stack, assert_never_saw, run_client, sandbox_env
+from valetkey.dev.demo.anthropic_like import reply_text
 
 CLIENT = Path(__file__).parent / "clients" / "anthropic_messages.py"
 

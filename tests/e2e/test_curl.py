@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from broker.demo.github_like import DEMO_OWNER, DEMO_REPO
 from tests.e2e.conftest import MARKER, Ran, Stack, assert_never_saw, require_binary, run_client, sandbox_env
+from valetkey.dev.demo.github_like import DEMO_OWNER, DEMO_REPO
 
 REPO = f"$GITHUB_API_URL/repos/{DEMO_OWNER}/{DEMO_REPO}"
 AUTH = '-H "Authorization: Bearer $GITHUB_TOKEN"'

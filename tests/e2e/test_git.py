@@ -13,8 +13,6 @@ import re
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from broker.demo.git_http import GIT_USERNAME
-from broker.demo.github_like import DEMO_OWNER, DEMO_REPO
 from tests.e2e.conftest import (
     Ran,
     Stack,
@@ -24,6 +22,8 @@ from tests.e2e.conftest import (
     run_client,
     sandbox_env,
 )
+from valetkey.dev.demo.git_http import GIT_USERNAME
+from valetkey.dev.demo.github_like import DEMO_OWNER, DEMO_REPO
 
 ASKPASS = '#!/bin/sh\nprintf "%s\\n" "$GIT_PASSWORD"\n'
 REQUEST_ID = re.compile(r"Recv header: x-valetkey-request-id: ([0-9a-f]+)", re.IGNORECASE)

@@ -6,8 +6,8 @@ import json
 import sys
 from pathlib import Path
 
-from broker.demo.openai_like import reply_text
 from tests.e2e.conftest import Stack, assert_never_saw, run_client, sandbox_env
+from valetkey.dev.demo.openai_like import reply_text
 
 CLIENT = Path(__file__).parent / "clients" / "openai_chat.py"
 

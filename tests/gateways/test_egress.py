@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from broker.errors import BadRequest, Forbidden, Reason, Unavailable, UpstreamError
+from contract.errors import BadRequest, Forbidden, Reason, Unavailable, UpstreamError
 from gateways import egress
 from gateways.egress import (
     AddressClass,

@@ -10,7 +10,7 @@ import brotli  # type: ignore[import-untyped]
 import pytest
 import zstandard
 
-from broker.errors import UpstreamError
+from contract.errors import UpstreamError
 from gateways.encodings import FLOOR, body_decoder, codings
 from tests.support.leaks import encode, filler, header_coding
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import redis
 
-from tests.gateways.conftest import Stack, audit_line
+from tests.support.gateway_stack import Stack, audit_line
 
 ITEM = {"upstream": "echo", "purpose": "read_items"}
 WRITE = {"upstream": "echo", "purpose": "write_item", "params": {"item": "42"}}
@@ -435,8 +435,8 @@ def test_no_secret_or_token_in_any_log_record(gateway_stack: Stack, bundle: dict
 
 def test_metrics_on_a_port_of_their_own(gateway_stack: Stack) -> None:
     """Prometheus can scrape a listener the sandbox never reaches (VALETKEY_METRICS_LISTEN)."""
-    from broker.localstack import free_port
-    from tests.gateways.conftest import start_gateway
+    from tests.support.gateway_stack import start_gateway
+    from valetkey.dev.services import free_port
 
     port = free_port()
     server = start_gateway(gateway_stack, "echo", VALETKEY_METRICS_LISTEN=f"127.0.0.1:{port}")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from broker.errors import ValetkeyError
+from contract.errors import ValetkeyError
 from gateways.http1 import HIGH_WATER, Pool
 from gateways.upstream import UpstreamClient
 from policies.load import load_policy_dir

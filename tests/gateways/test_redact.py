@@ -1,12 +1,12 @@
-"""gateways/redact.py and gateways/forms.py on tables: each enumerated form of several kinds of
+"""gateways/redact.py and gateways/secret_forms.py on tables: each enumerated form of several kinds of
 secret is redacted whole; what is and is not covered; the prefilter never misses a form."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateways.forms import compile_text, texts
 from gateways.redact import MARKER, Redactor, forms
+from gateways.secret_forms import compile_text, texts
 
 SECRETS = [
     pytest.param(b"real-echo-secret-0123456789abcdef01234567", id="token"),

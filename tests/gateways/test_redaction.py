@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.gateways.conftest import Stack, audit_line, start_gateway
+from tests.support.gateway_stack import Stack, audit_line, start_gateway
 from tests.support.leaks import FORMS, HEADERS, MARKER, leak_body
 from tests.support.servers import ThreadedServer
 from tests.support.upstreams import LEAK_GATE

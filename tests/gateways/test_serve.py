@@ -14,11 +14,11 @@ import httpx
 import hvac
 import pytest
 
-from broker.localstack import free_port
 from gateways.app import GatewayApp
 from gateways.server import GatewayProtocol
-from tests.gateways.conftest import Stack, gateway_settings, start_gateway
+from tests.support.gateway_stack import Stack, gateway_settings, start_gateway
 from tests.support.servers import ThreadedServer
+from valetkey.dev.services import free_port
 
 VALETKEY = str(Path(sys.executable).parent / "valetkey")
 

@@ -1,6 +1,6 @@
 """What a leaky upstream sends back, and what the sandbox must receive instead.
 
-The forms are built here with the standard library only — independently of ``gateways/forms.py``
+The forms are built here with the standard library only — independently of ``gateways/secret_forms.py``
 — so the tests check the redactor against encoders it did not write. Each entry gives the bytes
 the upstream echoes and the expected bytes after redaction (the determined part of a longer base64
 blob becomes the marker; the rest of the blob stays).

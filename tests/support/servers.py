@@ -9,7 +9,7 @@ from typing import Any
 
 import uvicorn
 
-from broker.localstack import free_port
+from valetkey.dev.services import free_port
 
 
 class ThreadedServer:

@@ -1,0 +1,78 @@
+"""The run token contract (RFC 9068 style access tokens): its header, its claims, its encoding.
+
+A token is a compact JWS: header ``{"alg": "Ed25519", "typ": "at+jwt", "kid": "<key>:v<n>"}``,
+claims ``iss, sub (run id), aud (one gateway), exp, nbf, iat, jti, client_id (runtime),
+grants [{purpose, params}]``. The private key never leaves Vault: we build the signing input,
+transit signs it, and we assemble the JWS (``broker.signer``). Verification is ``contract.verify``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+ALGORITHM = "Ed25519"  # RFC 9864 fully-specified name (EdDSA is deprecated there)
+TOKEN_TYPE = "at+jwt"  # noqa: S105 - the JWT typ header value
+MAX_TOKEN_BYTES = 4096
+REQUIRED_CLAIMS = ("iss", "sub", "aud", "exp", "nbf", "iat", "jti", "client_id", "grants")
+
+
+@dataclass(frozen=True)
+class GrantClaim:
+    purpose: str
+    params: Mapping[str, str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"purpose": self.purpose, "params": dict(self.params)}
+
+
+@dataclass(frozen=True)
+class AccessClaims:
+    iss: str
+    sub: str
+    aud: str
+    exp: int
+    nbf: int
+    iat: int
+    jti: str
+    client_id: str
+    grants: tuple[GrantClaim, ...]
+    kid: str = ""
+
+    @property
+    def run_id(self) -> str:
+        return self.sub
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "iss": self.iss, "sub": self.sub, "aud": self.aud, "exp": self.exp, "nbf": self.nbf,
+            "iat": self.iat, "jti": self.jti, "client_id": self.client_id,
+            "grants": [g.to_json() for g in self.grants],
+        }
+
+    @classmethod
+    def new(
+        cls, *, issuer: str, run_id: str, audience: str, runtime: str,
+        grants: tuple[GrantClaim, ...], now: int, ttl: int,
+    ) -> AccessClaims:
+        return cls(
+            iss=issuer, sub=run_id, aud=audience, exp=now + ttl, nbf=now, iat=now,
+            jti=secrets.token_urlsafe(16), client_id=runtime, grants=grants,
+        )
+
+
+def b64url(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def compact_json(value: Mapping[str, Any]) -> bytes:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+
+
+def params_view(params: Mapping[str, str]) -> Mapping[str, str]:
+    return MappingProxyType(dict(params))

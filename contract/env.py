@@ -1,0 +1,63 @@
+"""Reading settings from the environment: every bad value raises ``SettingsError`` naming its key.
+
+Shared by the broker's and the gateways' settings; each reads its variables once at start-up into
+a frozen object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from policies.units import parse_duration
+
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+class SettingsError(ValueError):
+    """A setting has a bad value; the message names the environment variable."""
+
+
+def required(env: Mapping[str, str], key: str) -> str:
+    value = env.get(key, "")
+    if not value:
+        raise SettingsError(f"{key} must be set")
+    return value
+
+
+def checked_url(key: str, value: str, schemes: tuple[str, ...] = ("http", "https")) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in schemes or (parts.scheme != "unix" and not parts.hostname):
+        raise SettingsError(f"{key}={value!r} is not a {'/'.join(schemes)} URL")
+    return value.rstrip("/")
+
+
+def url_setting(
+    env: Mapping[str, str], key: str, default: str, schemes: tuple[str, ...] = ("http", "https")
+) -> str:
+    return checked_url(key, env.get(key, default), schemes)
+
+
+def directory(env: Mapping[str, str], key: str, default: Path) -> Path:
+    path = Path(env.get(key, str(default)))
+    if not path.is_dir():
+        raise SettingsError(f"{key}={str(path)!r} is not a directory")
+    return path
+
+
+def int_setting(key: str, value: str, low: int, high: int) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise SettingsError(f"{key}: {value!r} is not a whole number") from None
+    if not low <= number <= high:
+        raise SettingsError(f"{key}: {number} is outside {low}..{high}")
+    return number
+
+
+def duration(env: Mapping[str, str], key: str, default: str) -> int:
+    try:
+        return parse_duration(env.get(key, default))
+    except ValueError as exc:
+        raise SettingsError(f"{key}: {exc}") from None

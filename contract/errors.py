@@ -1,0 +1,183 @@
+"""The one exception family of valetkey, and the stable reason codes.
+
+    ValetkeyError                 code, status, detail; rendered as {"error": code, "detail": ...}
+    ├── BadRequest                400  client sent something malformed or outside the contract
+    ├── Unauthenticated           401  no caller identity, or a token that does not verify
+    ├── Forbidden                 403  caller known, action not allowed by policy
+    ├── NotFound                  404
+    ├── MethodNotAllowed          405
+    ├── PayloadTooLarge           413
+    ├── TooManyRequests           429  over a budget; carries Retry-After
+    ├── UpstreamError             502  a dependency (Vault, Redis, upstream) failed
+    ├── GatewayTimeout            504  the upstream did not answer in time
+    └── Unavailable               503  fail-closed: state we rely on cannot be confirmed
+        └── ServiceError          503  a local service (OpenBao, redis-server) failed to start
+
+Foreign exceptions (hvac, redis, httpx) are translated where they enter, with
+``raise ... from exc``; messages never carry a secret or a token.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, ClassVar
+
+
+class Reason(StrEnum):
+    """Stable reason codes: the same string in the response, the audit line and the metric."""
+
+    OK = "ok"
+    INTERNAL_ERROR = "internal_error"
+    # request shape
+    INVALID_REQUEST = "invalid_request"
+    CLIENT_DISCONNECTED = "client_disconnected"
+    BODY_TOO_LARGE = "body_too_large"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    # caller identity
+    UNAUTHENTICATED = "unauthenticated"
+    UNKNOWN_CALLER = "unknown_caller"
+    AMBIGUOUS_CALLER = "ambiguous_caller"
+    NOT_ADMIN = "not_admin"
+    # minting
+    UNKNOWN_AUDIENCE = "unknown_audience"
+    UNKNOWN_PURPOSE = "unknown_purpose"
+    PURPOSE_NOT_ALLOWED = "purpose_not_allowed"
+    MISSING_PARAM = "missing_param"
+    EXTRA_PARAM = "extra_param"
+    PARAM_WIDENS_TEMPLATE = "param_widens_template"
+    TTL_TOO_LONG = "ttl_too_long"
+    TOO_MANY_GRANTS = "too_many_grants"
+    DUPLICATE_GRANT = "duplicate_grant"
+    # tokens
+    INVALID_TOKEN = "invalid_token"  # noqa: S105 - a reason code, not a secret
+    AUDIENCE_MISMATCH = "audience_mismatch"
+    TOKEN_REVOKED = "token_revoked"  # noqa: S105 - a reason code, not a secret
+    # revocation and budgets
+    REVOKED = "revoked"
+    REVOCATION_STATE_STALE = "revocation_state_stale"
+    BUDGET_EXCEEDED = "budget_exceeded"
+    # dependencies
+    VAULT_UNAVAILABLE = "vault_unavailable"
+    REDIS_UNAVAILABLE = "redis_unavailable"
+    SIGNING_FAILED = "signing_failed"
+    # gateway: request framing and target
+    ABSOLUTE_FORM_TARGET = "absolute_form_target"
+    AMBIGUOUS_FRAMING = "ambiguous_framing"
+    DUPLICATE_HOST = "duplicate_host"
+    MALFORMED_REQUEST = "malformed_request"
+    METHOD_REFUSED = "method_refused"
+    # gateway: credentials and purposes
+    MISSING_TOKEN = "missing_token"  # noqa: S105 - a reason code, not a secret
+    PURPOSE_NOT_GRANTED = "purpose_not_granted"
+    CREDENTIAL_PASSTHROUGH = "credential_passthrough"  # gateways/credential_scan.py
+    # gateway: secrets and upstream
+    SECRET_UNAVAILABLE = "secret_unavailable"  # noqa: S105 - a reason code, not a secret
+    UPSTREAM_CONNECT_TIMEOUT = "upstream_connect_timeout"
+    UPSTREAM_TIMEOUT = "upstream_timeout"
+    UPSTREAM_UNREACHABLE = "upstream_unreachable"
+    UPSTREAM_TLS_ERROR = "upstream_tls_error"
+    UPSTREAM_PROTOCOL_ERROR = "upstream_protocol_error"
+    UNDECODABLE_RESPONSE = "undecodable_response"  # gateways/encodings.py
+    DECOMPRESSION_BOMB = "decompression_bomb"  # gateways/encodings.py
+    # gateway: egress guard (gateways/egress.py)
+    DEST_PRIVATE_RANGE = "dest_private_range"
+    DEST_LOOPBACK = "dest_loopback"
+    DEST_LINK_LOCAL = "dest_link_local"
+    DEST_METADATA = "dest_metadata"
+    DEST_RESERVED = "dest_reserved"
+    DEST_UNSPECIFIED = "dest_unspecified"
+    DEST_MULTICAST = "dest_multicast"
+    DEST_INVALID = "dest_invalid"
+    DEST_UNRESOLVABLE = "dest_unresolvable"
+
+
+class ValetkeyError(Exception):
+    """Base of every error valetkey raises on purpose; carries a stable code and an HTTP status."""
+
+    status: ClassVar[int] = 500
+    default_reason: ClassVar[Reason] = Reason.INVALID_REQUEST
+
+    def __init__(self, detail: str, reason: Reason | None = None, **extra: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.reason = reason or self.default_reason
+        self.extra = extra
+        self.headers: dict[str, str] = {}  # extra response headers, e.g. WWW-Authenticate
+
+    @property
+    def code(self) -> str:
+        return self.reason.value
+
+    def body(self) -> dict[str, Any]:
+        return {"error": self.code, "detail": self.detail, **self.extra}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(reason={self.code!r}, detail={self.detail!r})"
+
+
+class BadRequest(ValetkeyError):
+    status = 400
+    default_reason = Reason.INVALID_REQUEST
+
+
+class Unauthenticated(ValetkeyError):
+    status = 401
+    default_reason = Reason.UNAUTHENTICATED
+
+
+class Forbidden(ValetkeyError):
+    status = 403
+    default_reason = Reason.PURPOSE_NOT_ALLOWED
+
+
+class NotFound(ValetkeyError):
+    status = 404
+    default_reason = Reason.NOT_FOUND
+
+
+class MethodNotAllowed(ValetkeyError):
+    status = 405
+    default_reason = Reason.METHOD_REFUSED
+
+
+class PayloadTooLarge(ValetkeyError):
+    status = 413
+    default_reason = Reason.BODY_TOO_LARGE
+
+
+class TooManyRequests(ValetkeyError):
+    status = 429
+    default_reason = Reason.BUDGET_EXCEEDED
+
+
+class UpstreamError(ValetkeyError):
+    status = 502
+    default_reason = Reason.VAULT_UNAVAILABLE
+
+
+class GatewayTimeout(ValetkeyError):
+    status = 504
+    default_reason = Reason.UPSTREAM_TIMEOUT
+
+
+class Unavailable(ValetkeyError):
+    status = 503
+    default_reason = Reason.VAULT_UNAVAILABLE
+
+
+class TokenInvalid(Unauthenticated):
+    """A run token failed verification; ``check`` names the step that failed (for tests and logs)."""
+
+    default_reason = Reason.INVALID_TOKEN
+
+    def __init__(self, detail: str, check: str, reason: Reason | None = None) -> None:
+        super().__init__(detail, reason)
+        self.check = check
+        # the signed claims, when the signature verified but a later rule failed: lets the gateway
+        # attribute the refusal to its run (audit, alerts) without treating it as authenticated
+        self.claims: Any = None
+
+
+class ServiceError(Unavailable):
+    """A local service spawned by ``valetkey.dev.services`` is missing, failed to start or stopped."""

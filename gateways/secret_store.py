@@ -1,0 +1,103 @@
+"""The gateway's copy of its one upstream secret: read from Vault with the gateway's own identity,
+cached in memory, refreshed in the background. The request path only calls ``current()``.
+
+Identity: AppRole (role id + secret id) in production, re-logging in before the token's lease
+ends; a plain token in development. The store keeps the previous value after a rotation so
+redaction can still catch echoes of it. If Vault stays unreachable for longer than ``max_stale``
+the store fails closed (``secret_unavailable``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+from contract.errors import Reason, Unavailable, ValetkeyError
+from contract.secret import Secret
+from contract.vault import VaultClient
+from policies.model import SecretRef
+
+log = logging.getLogger("valetkey.gateway")
+
+
+class SecretStore:
+    def __init__(
+        self,
+        vault: VaultClient,
+        ref: SecretRef,
+        *,
+        role_id: str = "",
+        secret_id: Secret | None = None,
+        refresh: float = 60.0,
+        max_stale: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._vault = vault
+        self._ref = ref
+        self._role_id = role_id
+        self._secret_id = secret_id
+        self._refresh = refresh
+        self._max_stale = max_stale
+        self._clock = clock
+        self._current: Secret | None = None
+        self._previous: tuple[Secret, ...] = ()
+        self._loaded_at = 0.0
+        self._login_expires = 0.0  # AppRole: log in before the first read
+        self._task: asyncio.Task[None] | None = None
+        self.version = 0  # bumps on every change; redaction rebuilds its forms on a new version
+
+    def __repr__(self) -> str:
+        return f"SecretStore(ref={self._ref.api_path!r}, version={self.version})"
+
+    async def _login(self) -> None:
+        if not self._role_id or self._secret_id is None:
+            return
+        if self._clock() < self._login_expires:
+            return
+        token, lease = await self._vault.approle_login(self._role_id, self._secret_id)
+        self._vault.set_token(token)
+        # log in again at two thirds of the lease, so the token never expires in use
+        self._login_expires = self._clock() + (lease * 2 / 3 if lease else float("inf"))
+
+    async def load(self) -> None:
+        """Read the secret now (start-up and each refresh); raises on failure."""
+        await self._login()
+        value = await self._vault.kv_read(self._ref)
+        if value != self._current:
+            if self._current is not None:
+                self._previous = (self._current, *self._previous)[:2]
+            self._current = value
+            self.version += 1
+        self._loaded_at = self._clock()
+
+    def current(self) -> Secret:
+        if self._current is None or self._clock() - self._loaded_at > self._max_stale:
+            raise Unavailable("the upstream secret could not be refreshed from Vault",
+                              Reason.SECRET_UNAVAILABLE)
+        return self._current
+
+    def all_values(self) -> tuple[Secret, ...]:
+        """Current and recently rotated-out values: everything redaction must catch."""
+        return tuple(s for s in (self._current, *self._previous) if s is not None)
+
+    async def start(self) -> None:
+        await self.load()
+        self._task = asyncio.create_task(self._run(), name=f"secret-refresh:{self._ref.path}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._refresh)
+            try:
+                await self.load()
+            except ValetkeyError as exc:
+                self._login_expires = 0.0  # the token may be gone: log in again next time
+                log.warning('{"event": "secret_refresh_failed", "reason": "%s"}', exc.code)

@@ -1,0 +1,170 @@
+"""CLI for the security team: ``valetkey revoke``, ``valetkey revocations``, ``valetkey audit``.
+
+``revoke`` and ``revocations`` go through the broker API with the caller's Vault token (it must
+carry the admin policy). ``audit`` reads the Redis audit stream directly (VALETKEY_REDIS_URL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from typing import Any
+
+import click
+import redis.asyncio as aioredis
+
+from contract import audit_stream
+from contract.errors import ValetkeyError
+from policies.units import parse_duration
+from valetkey.broker_cli import BROKER_OPTION, _client, _show, fail
+
+
+@click.command("revoke")
+@BROKER_OPTION
+@click.option("--run", "run_id", help="one run: its tokens stop everywhere; its Vault tokens are revoked")
+@click.option("--runtime", help="every run this runtime started, and its new mints")
+@click.option("--upstream", help="kill switch for one gateway's audience")
+@click.option("--all", "everything", is_flag=True, help="every token and every mint")
+@click.option("--reason", default="", help="why (recorded with who and when)")
+@click.option("--lift", is_flag=True, help="lift a runtime, upstream or global revocation")
+def revoke_command(broker: str, run_id: str | None, runtime: str | None, upstream: str | None,
+                   everything: bool, reason: str, lift: bool) -> None:
+    """Revoke a run, a runtime, an upstream or everything (or --lift one)."""
+    chosen = [(s, n) for s, n in (("run", run_id), ("runtime", runtime), ("upstream", upstream),
+                                  ("all", "" if everything else None)) if n is not None]
+    if len(chosen) != 1:
+        fail("give exactly one of --run, --runtime, --upstream, --all")
+    scope, name = chosen[0]
+    with _client(broker) as client:
+        if lift:
+            path = "/v1/revocations/all" if scope == "all" else f"/v1/revocations/{scope}/{name}"
+            record = _show(client.delete(path))
+            click.echo(f"lifted {scope} {name}".rstrip() + f" (by {record['lifted_by']})")
+            return
+        body = {"scope": scope, "name": name, "reason": reason or "revoked from the command line"}
+        record = _show(client.post("/v1/revocations", json=body))
+    click.echo(f"revoked {scope} {name}".rstrip() + f" at {_when(record['when'])} by {record['who']}: "
+               f"{record['why']}")
+
+
+@click.command("revocations")
+@BROKER_OPTION
+@click.option("--json", "as_json", is_flag=True)
+def revocations_command(broker: str, as_json: bool) -> None:
+    """List recorded revocations (standing and lifted)."""
+    with _client(broker) as client:
+        records = _show(client.get("/v1/revocations"))["revocations"]
+    if as_json:
+        click.echo(json.dumps(records, indent=2))
+        return
+    for r in records:
+        state = "standing" if r["blocked"] else f"lifted by {r['lifted_by']} at {_when(r['lifted_at'])}"
+        if r["scope"] == "run":
+            state = "revoked"
+        click.echo(f"{_when(r['when'])} {r['scope']:<8} {r['name'] or '*':<28} {state}; by {r['who']}: "
+                   f"{r['why']}")
+
+
+def _when(epoch: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
+def _redis() -> aioredis.Redis:
+    url = os.environ.get("VALETKEY_REDIS_URL", "")
+    if not url:
+        fail("set VALETKEY_REDIS_URL to the Redis that holds the audit stream")
+    return aioredis.Redis.from_url(url, socket_timeout=5.0)
+
+
+FILTERS = [
+    click.option("--run", "run_id", default="", help="one run"),
+    click.option("--runtime", default="", help="one runtime"),
+    click.option("--upstream", default="", help="one upstream"),
+    click.option("--decision", type=click.Choice(["", "allow", "deny", "error"]), default=""),
+    click.option("--reason", default="", help="a reason code, e.g. purpose_not_granted"),
+    click.option("--kind", type=click.Choice(["", "request", "run", "revocation", "alert"]), default=""),
+    click.option("--json", "as_json", is_flag=True, help="raw JSON lines"),
+]
+
+
+def filters(func: Any) -> Any:
+    for option in reversed(FILTERS):
+        func = option(func)
+    return func
+
+
+@click.group("audit")
+def audit_group() -> None:
+    """Read the audit stream (requests, revocations, alerts)."""
+
+
+def _print(entry: dict[str, Any], as_json: bool) -> None:
+    click.echo(json.dumps({"kind": entry["kind"], **entry["line"]}, sort_keys=True) if as_json
+               else audit_stream.render(entry))
+
+
+@audit_group.command("tail")
+@filters
+@click.option("-n", "--lines", default=20, show_default=True, help="how many recent entries")
+@click.option("--follow", "-f", is_flag=True, help="keep printing new entries")
+def audit_tail(run_id: str, runtime: str, upstream: str, decision: str, reason: str, kind: str,
+               as_json: bool, lines: int, follow: bool) -> None:
+    """The most recent entries, oldest first; --follow streams new ones."""
+    flt = audit_stream.Filter(run_id, runtime, upstream, decision, reason, kind)
+
+    async def run() -> None:
+        client = _redis()
+        try:
+            recent = await audit_stream.query(client, flt, limit=lines)
+            for entry in reversed(recent):
+                _print(entry, as_json)
+            if follow:
+                start = recent[0]["id"] if recent else "$"
+                async for entry in audit_stream.follow(client, flt, start=start):
+                    _print(entry, as_json)
+        finally:
+            await client.aclose()
+
+    _run(run)
+
+
+@audit_group.command("query")
+@filters
+@click.option("--since", default="1h", show_default=True, help="how far back, e.g. 15m, 2h, 1d")
+@click.option("--limit", default=1000, show_default=True)
+def audit_query(run_id: str, runtime: str, upstream: str, decision: str, reason: str, kind: str,
+                as_json: bool, since: str, limit: int) -> None:
+    """Entries matching every filter given, oldest first, within --since."""
+    flt = audit_stream.Filter(run_id, runtime, upstream, decision, reason, kind)
+    try:
+        window = parse_duration(since)
+    except ValueError as exc:
+        fail(f"--since: {exc}")
+        return
+
+    async def run() -> None:
+        client = _redis()
+        try:
+            found = await audit_stream.query(client, flt, since=time.time() - window, limit=limit)
+        finally:
+            await client.aclose()
+        for entry in reversed(found):
+            _print(entry, as_json)
+        if not as_json:
+            click.echo(f"{len(found)} entr{'y' if len(found) == 1 else 'ies'}", err=True)
+
+    _run(run)
+
+
+def _run(func: Any) -> None:
+    try:
+        asyncio.run(func())
+    except ValetkeyError as exc:
+        fail(exc.detail)
+    except KeyboardInterrupt:
+        pass
+
+
+COMMANDS = [revoke_command, revocations_command, audit_group]

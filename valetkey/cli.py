@@ -1,0 +1,109 @@
+"""The ``valetkey`` command line."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from policies.load import PolicyLoadError, load_policy_dir
+
+
+@click.group()
+def main() -> None:
+    """valetkey: keep real credentials out of agent sandboxes."""
+
+
+@main.group()
+def policy() -> None:
+    """Work with policy files."""
+
+
+@policy.command("check")
+@click.argument("directory", type=click.Path(path_type=Path))
+def policy_check(directory: Path) -> None:
+    """Validate every policy under DIRECTORY offline; exit 1 listing each problem."""
+    try:
+        policies = load_policy_dir(directory)
+    except PolicyLoadError as exc:
+        for problem in exc.problems:
+            click.echo(f"error: {problem}", err=True)
+        click.echo(f"{len(exc.problems)} problem(s) in {directory}", err=True)
+        sys.exit(1)
+    for up in policies.upstreams.values():
+        flag = "  allow_private: true" if up.allow_private else ""
+        click.echo(f"upstream {up.name}: {up.base_url} purposes={sorted(up.purposes)}{flag}")
+    for rt in policies.runtimes.values():
+        allowed = {k: sorted(v) for k, v in rt.allow.items()}
+        click.echo(f"runtime {rt.name}: max_ttl={rt.max_ttl}s allow={allowed}")
+    alerting = policies.alerting
+    thresholds = ", ".join(f"{k}={t.count}/{t.window}s" for k, t in alerting.thresholds.items())
+    click.echo(f"alerts: {thresholds}; auto_revoke={sorted(k.value for k in alerting.auto_revoke)}"
+               + (f"; webhook={alerting.webhook_url}" if alerting.webhook_url else ""))
+    click.echo(f"ok: {len(policies.upstreams)} upstream(s), {len(policies.runtimes)} runtime(s)")
+
+
+@main.group()
+def vault() -> None:
+    """Set up Vault/OpenBao for valetkey (uses VAULT_ADDR and VAULT_TOKEN)."""
+
+
+@vault.command("bootstrap")
+@click.option(
+    "--policy-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Policy directory [default: $VALETKEY_POLICY_DIR, else the shipped policies].",
+)
+@click.option(
+    "--hcl-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Directory of the HCL policy templates [default: the HCL installed with valetkey].",
+)
+def vault_bootstrap(policy_dir: Path | None, hcl_dir: Path | None) -> None:
+    """Create or check mounts, the signing key, ACL policies and roles; safe to run again."""
+    import os
+
+    import policies as shipped
+    from contract.errors import ValetkeyError
+    from valetkey.bootstrap import bootstrap_vault
+
+    directory = policy_dir or Path(
+        os.environ.get("VALETKEY_POLICY_DIR") or Path(shipped.__file__).parent
+    )
+    addr = os.environ.get("VAULT_ADDR", "")
+    token = os.environ.get("VAULT_TOKEN", "")
+    if not addr or not token:
+        click.echo("error: set VAULT_ADDR and VAULT_TOKEN (an operator or root token)", err=True)
+        sys.exit(2)
+    try:
+        loaded = load_policy_dir(directory)
+    except PolicyLoadError as exc:
+        for problem in exc.problems:
+            click.echo(f"error: {problem}", err=True)
+        sys.exit(1)
+    try:
+        from valetkey.bootstrap import HCL_DIR
+
+        report = bootstrap_vault(addr, token, loaded, hcl_dir=hcl_dir or HCL_DIR)
+    except ValetkeyError as exc:
+        click.echo(f"error: {exc.detail}", err=True)
+        sys.exit(1)
+    click.echo(f"vault {addr}, policies {directory}")
+    for line in report.lines():
+        click.echo(line)
+
+
+def _register() -> None:
+    from valetkey.broker_cli import COMMANDS
+
+    for command in COMMANDS:
+        main.add_command(command)
+
+
+_register()
+
+if __name__ == "__main__":
+    main()

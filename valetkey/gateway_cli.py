@@ -1,0 +1,61 @@
+"""CLI: ``valetkey gateway serve --upstream NAME``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+
+import click
+
+from contract.env import SettingsError
+from policies.load import PolicyLoadError, load_policy_dir
+
+
+@click.group("gateway")
+def gateway_group() -> None:
+    """The data plane: one gateway process per upstream."""
+
+
+@gateway_group.command("serve")
+@click.option("--upstream", required=True, help="the upstream this gateway serves (its audience)")
+@click.option("--workers", type=int, default=1, show_default=True, help="worker processes")
+@click.option("--log-level", default="info", show_default=True)
+def gateway_serve(upstream: str, workers: int, log_level: str) -> None:
+    """Serve one upstream (settings from VAULT_ADDR, VALETKEY_* variables)."""
+    import uvicorn
+    import uvicorn.supervisors
+
+    from gateways.app import GatewayApp
+    from gateways.server import config
+    from gateways.settings import GatewaySettings
+
+    try:
+        settings = GatewaySettings.from_env(upstream)
+        policies = load_policy_dir(settings.policy_dir)
+    except (SettingsError, PolicyLoadError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    if upstream not in policies.upstreams:
+        click.echo(f"error: no upstream {upstream!r} in {settings.policy_dir}; "
+                   f"known: {sorted(policies.upstreams)}", err=True)
+        sys.exit(1)
+    logging.basicConfig(level=log_level.upper(), format="%(message)s", stream=sys.stdout, force=True)
+    if workers > 1:
+        # each worker process builds its own app from the environment (uvicorn's factory mode)
+        os.environ["VALETKEY_GATEWAY_UPSTREAM"] = upstream
+        cfg = config("gateways.server:from_env", settings.host, settings.port, log_level, workers)
+        cfg.factory = True
+        # uvicorn binds with proto=0, and asyncio then leaves Nagle on for accepted connections
+        # (40 ms stalls on keep-alive); rewrap the socket as IPPROTO_TCP so TCP_NODELAY applies
+        bound = cfg.bind_socket()
+        sock = socket.socket(bound.family, bound.type, socket.IPPROTO_TCP, fileno=bound.detach())
+        uvicorn.supervisors.Multiprocess(cfg, sockets=[sock]).run()
+        return
+    app = GatewayApp(settings, policies.upstreams[upstream], alerting=policies.alerting)
+    server = uvicorn.Server(config(app, settings.host,
+                                   settings.port, log_level))
+    server.run()
+    if not server.started:
+        sys.exit(1)
