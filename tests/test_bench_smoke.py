@@ -17,6 +17,8 @@ from bench.loadgen import Dechunker, read_response
 from bench.soak import slope
 from bench.tools import find_mitmdump, find_nginx, find_wrk
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parent.parent
 
 

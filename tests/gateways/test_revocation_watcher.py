@@ -22,6 +22,7 @@ from broker.app import create_app
 from broker.settings import BrokerSettings
 from contract.secret import Secret
 from gateways.detectors import verify_signature
+from tests.support.asgi import read_body
 from tests.support.gateway_stack import ISSUER, Stack
 from tests.support.servers import ThreadedServer
 from valetkey.dev.services import RedisServer, free_port
@@ -40,12 +41,7 @@ class Receiver:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         self.posts.append((headers, body))
         await send({"type": "http.response.start", "status": 204, "headers": []})

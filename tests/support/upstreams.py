@@ -19,6 +19,7 @@ from urllib.parse import parse_qsl
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from tests.support import leaks
+from tests.support.asgi import read_body
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -74,12 +75,7 @@ class EchoUpstream:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         seen = Seen(scope["method"], scope["path"], scope["raw_path"].decode("latin-1"),
                     scope["query_string"].decode("latin-1"),
                     [(k.decode().lower(), v.decode("latin-1")) for k, v in scope["headers"]], body)

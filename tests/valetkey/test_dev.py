@@ -11,8 +11,11 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from valetkey.dev.services import free_port
+
+pytestmark = pytest.mark.slow
 
 VALETKEY = str(Path(sys.executable).parent / "valetkey")
 

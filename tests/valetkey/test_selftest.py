@@ -28,6 +28,7 @@ from broker.app import create_app
 from broker.settings import BrokerSettings
 from gateways.app import GatewayApp
 from gateways.server import GatewayProtocol
+from tests.support.asgi import read_body
 from tests.support.gateway_stack import ISSUER, Stack, gateway_settings, loopback_resolver
 from tests.support.servers import ThreadedServer
 
@@ -45,12 +46,7 @@ class Receiver:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         if scope["method"] == "POST":
             self.alerts.append(json.loads(body))
             payload = b""
