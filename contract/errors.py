@@ -19,6 +19,7 @@ Foreign exceptions (hvac, redis, httpx) are translated where they enter, with
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
 from typing import Any, ClassVar
 
@@ -181,3 +182,27 @@ class TokenInvalid(Unauthenticated):
 
 class ServiceError(Unavailable):
     """A local service spawned by ``valetkey.dev.services`` is missing, failed to start or stopped."""
+
+
+class Decision(StrEnum):
+    """What became of a request: the same word in the audit line, the metric label and the alerts."""
+
+    ALLOW = "allow"
+    DENY = "deny"  # refused on purpose (4xx): the caller asked for something it may not have
+    ERROR = "error"  # could not be decided or done (5xx): a dependency failed, or a bug
+
+    @classmethod
+    def of(cls, exc: ValetkeyError) -> Decision:
+        return cls.DENY if exc.status < 500 else cls.ERROR
+
+
+JSON_HEADERS = ((b"content-type", b"application/json"), (b"cache-control", b"no-store"))
+
+
+def render(exc: ValetkeyError, **fields: Any) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """The one JSON refusal of broker and gateways: status, headers and
+    ``{"error": code, "detail": ..., **extra, **fields}``."""
+    body = json.dumps({**exc.body(), **fields}).encode()
+    headers = [*JSON_HEADERS, (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in exc.headers.items()]
+    return exc.status, headers, body
