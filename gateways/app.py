@@ -121,7 +121,8 @@ class Gateway:
         webhook_url = settings.alert_webhook_url or policy.webhook_url
         webhook = WebhookSender(webhook_url, settings.alert_webhook_secret,
                                 httpx.AsyncClient(timeout=5.0, trust_env=False))
-        audit = AuditSink(redis, settings.audit_stream, settings.audit_maxlen, metrics)
+        audit = AuditSink(redis, settings.audit_stream, settings.audit_maxlen, metrics,
+                          settings.audit_buffer)
         detectors = Detectors(redis, policy, webhook, settings.audit_maxlen)
         audit.observer = detectors.observe
         return cls(
