@@ -128,7 +128,9 @@ class Gateway:
         return cls(
             settings=settings, upstream=upstream, vault=vault, redis=redis,
             secrets=SecretStore(vault, upstream.secret, role_id=settings.approle_role_id,
-                                secret_id=settings.approle_secret_id, refresh=settings.secret_refresh,
+                                secret_id=settings.approle_secret_id,
+                                secret_id_file=settings.approle_secret_id_file,
+                                refresh=settings.secret_refresh,
                                 max_stale=settings.secret_max_stale),
             resolver=PinnedResolver(upstream.host, upstream.port, upstream.allow_private,
                                     resolver=resolver),

@@ -56,6 +56,11 @@ def gateway_serve(upstream: str, workers: int, log_level: str) -> None:
     app = GatewayApp(settings, policies.upstreams[upstream], alerting=policies.alerting)
     server = uvicorn.Server(config(app, settings.host,
                                    settings.port, log_level))
-    server.run()
+    try:
+        server.run()
+    except SystemExit as exc:  # uvicorn exits 3 when start-up fails; ours is 1 (docs/operations.md)
+        if exc.code not in (None, 0):
+            sys.exit(1)
+        raise
     if not server.started:
         sys.exit(1)

@@ -49,6 +49,7 @@ class GatewaySettings:
     audit_stream: str = "valetkey:audit"
     audit_maxlen: int = 100_000
     audit_buffer: int = 100_000  # audit lines held for the stream while Redis is unreachable
+    approle_secret_id_file: str = ""  # read again at every AppRole login (a restored Vault)
 
     @classmethod
     def from_env(cls, upstream: str, env: Mapping[str, str] | None = None) -> GatewaySettings:
@@ -92,6 +93,7 @@ class GatewaySettings:
             if env.get("VALETKEY_ALERT_WEBHOOK_SECRET") else None,
             audit_maxlen=_int("VALETKEY_AUDIT_MAXLEN", env.get("VALETKEY_AUDIT_MAXLEN", "100000"),
                               1000, 100_000_000),
+            approle_secret_id_file=env.get("VALETKEY_VAULT_SECRET_ID_FILE", ""),
             audit_buffer=_int("VALETKEY_AUDIT_BUFFER", env.get("VALETKEY_AUDIT_BUFFER", "100000"),
                               0, 10_000_000),
         )
