@@ -96,14 +96,14 @@ def _parse(raw: bytes, started: float) -> Answer:
     return Answer(status, error, headers.get("retry-after", "").strip(), time.perf_counter() - started)
 
 
-async def mint_once(url: str, token: str, body: bytes, timeout: float) -> Answer:
+async def mint_once(url: str, token: str, body: bytes, limit: float) -> Answer:
     """One mint on a connection of its own; never raises (a failure is an answer with status 0)."""
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     started = time.perf_counter()
     writer: asyncio.StreamWriter | None = None
     try:
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(limit):
             reader, writer = await asyncio.open_connection(host, port)
             writer.write(_request(f"{host}:{port}", "/v1/runs", token, body))
             raw = await reader.read(-1)
@@ -134,16 +134,17 @@ async def _poll_ready(url: str, stop: asyncio.Event, out: list[tuple[int, float]
         await asyncio.sleep(every)
 
 
-async def burst(url: str, token: str, body: dict[str, Any], concurrency: int, *, timeout: float = 30.0,
+async def burst(url: str, token: str, body: dict[str, Any], concurrency: int, *, limit: float = 30.0,
                 ready_every: float = 0.1) -> Burst:
-    """``concurrency`` mints started at once, and /readyz polled until the last one answered."""
+    """``concurrency`` mints started at once (each given ``limit`` seconds), and /readyz polled
+    until the last one answered."""
     result = Burst()
     stop = asyncio.Event()
     payload = json.dumps(body).encode()
     poller = asyncio.create_task(_poll_ready(url, stop, result.readyz, ready_every))
     try:
         result.answers = list(await asyncio.gather(
-            *(mint_once(url, token, payload, timeout) for _ in range(concurrency))))
+            *(mint_once(url, token, payload, limit) for _ in range(concurrency))))
     finally:
         stop.set()
         await poller
