@@ -256,13 +256,14 @@ def test_a_gateway_recovers_when_vault_comes_back_empty_and_is_rebootstrapped(
         broker.stop()
 
 
-def test_a_gateway_that_cannot_start_exits_1(gateway_stack: Stack) -> None:
+@pytest.mark.parametrize("workers", [pytest.param("1", id="one-process"), pytest.param("2", id="workers")])
+def test_a_gateway_that_cannot_start_exits_1(gateway_stack: Stack, workers: str) -> None:
     policy_dir = Path(gateway_stack.policies.upstreams["echo"].source).parent
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("VAULT_")},
            "VAULT_ADDR": f"http://127.0.0.1:{free_port()}", "VAULT_TOKEN": "s.nothing-listens",
            "VALETKEY_REDIS_URL": gateway_stack.redis_url, "VALETKEY_POLICY_DIR": str(policy_dir),
            "VALETKEY_BROKER_URL": gateway_stack.broker_url, "VALETKEY_ISSUER": ISSUER,
            "VALETKEY_LISTEN": f"127.0.0.1:{free_port()}"}
-    done = subprocess.run([VALETKEY, "gateway", "serve", "--upstream", "echo"], env=env,
+    done = subprocess.run([VALETKEY, "gateway", "serve", "--upstream", "echo", "--workers", workers], env=env,
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 1, done.stdout + done.stderr
