@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import parse_qsl, quote
 
 import redis.asyncio as aioredis
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from redis.exceptions import RedisError
 
 from broker.errors import ValetkeyError
@@ -98,6 +98,10 @@ class Metrics:
             "valetkey_gateway_audit_dropped", "Audit lines not written to Redis",
             ["upstream"], registry=self.registry,
         )
+        self.audit_pending = Gauge(
+            "valetkey_gateway_audit_pending", "Audit lines held for the Redis stream, not yet written",
+            registry=self.registry,
+        )
         self._children: dict[tuple[str, str, str], tuple[Any, ...]] = {}
 
     def observe(self, record: AuditRecord) -> None:
@@ -148,6 +152,7 @@ class AuditSink:
         self._task: asyncio.Task[None] | None = None
         self._append: Any = redis.register_script(_APPEND)
         self.observer: Observer | None = None  # the alert detectors, fed after each batch
+        metrics.audit_pending.set_function(lambda: len(self._buffer))
         self.dropped = 0  # lines not written to the stream (buffer full)
         self.written = 0  # lines written to the stream
 

@@ -118,12 +118,15 @@ def test_a_full_audit_buffer_drops_the_newest_and_counts_them() -> None:
             sink.write(AuditRecord(request_id=request_id, upstream="echo", method="GET", path="/"))
         await asyncio.sleep(0.3)  # the writer fails and keeps its lines
         assert sink.pending == 10
+        assert metrics.registry.get_sample_value("valetkey_gateway_audit_pending") == 10
         await asyncio.to_thread(store.start)
         for _ in range(200):  # at most 10 s
             if not sink.pending and len(observed) >= 10:
                 break
             await asyncio.sleep(0.05)
-        assert metrics.audit_dropped.labels("echo")._value.get() == 5
+        assert metrics.registry.get_sample_value("valetkey_gateway_audit_dropped_total",
+                                                 {"upstream": "echo"}) == 5
+        assert metrics.registry.get_sample_value("valetkey_gateway_audit_pending") == 0
         await sink.stop()
         await client.aclose()
         return sink, ids
