@@ -16,12 +16,13 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
+import redis.asyncio as aioredis
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from contract import audit_stream
-from contract.errors import BadRequest, NotFound, Reason, ValetkeyError
+from contract.errors import BadRequest, NotFound, Reason, Unavailable, ValetkeyError
 from contract.revocations import Revocation, Scope, new_revocation
 
 if TYPE_CHECKING:
@@ -40,6 +41,10 @@ async def _admin(request: Request) -> tuple[Caller, Services]:
     return caller, services(request)
 
 
+NOT_RECORDED = ("the revocation was NOT recorded and is not in force; retry until it is "
+                "(`valetkey revoke` retries by itself)")
+
+
 async def end_run_artifacts(svc: Services, record: RunRecord, who: str, why: str) -> Revocation:
     """Revoke the run's tokens everywhere and every Vault token or lease created for it."""
     revocation = await svc.revocations.revoke(
@@ -54,19 +59,53 @@ async def end_run_artifacts(svc: Services, record: RunRecord, who: str, why: str
     return revocation
 
 
-async def record_event(svc: Services, revocation: Revocation, action: str) -> None:
+def event_line(revocation: Revocation, action: str, **marks: Any) -> dict[str, Any]:
+    """The audit line of a revocation or a lift (``marks``: e.g. the break-glass fields)."""
     line: dict[str, Any] = {"event": action, "scope": revocation.scope.value, "name": revocation.name,
                             "who": revocation.lifted_by if action == "lift" else revocation.who,
-                            "why": revocation.why, "time": revocation.lifted_at or revocation.when}
+                            "why": revocation.why, "time": revocation.lifted_at or revocation.when,
+                            **marks}
     if revocation.scope is Scope.RUN:
         line["run"] = revocation.name
     elif revocation.scope is Scope.RUNTIME:
         line["runtime"] = revocation.name
+    return line
+
+
+async def append_event(client: aioredis.Redis, revocation: Revocation, action: str, maxlen: int,
+                       **marks: Any) -> bool:
+    """Log the event and append it to the audit stream. The revocation is already recorded when
+    this runs: a stream that cannot be written is logged (``audit_stream_write_failed``) and
+    reported as ``False``, never turned into a failed revocation."""
+    line = event_line(revocation, action, **marks)
     log.info(json.dumps(line, sort_keys=True))
-    await audit_stream.append(svc.redis, line, kind="revocation", maxlen=svc.settings.audit_maxlen)
+    try:
+        await audit_stream.append(client, line, kind="revocation", maxlen=maxlen)
+    except Unavailable as exc:
+        log.warning(json.dumps({"event": "audit_stream_write_failed", "action": action,
+                                "scope": revocation.scope.value, "name": revocation.name,
+                                "reason": exc.code}))
+        return False
+    return True
+
+
+async def record_event(svc: Services, revocation: Revocation, action: str) -> None:
+    await append_event(svc.redis, revocation, action, svc.settings.audit_maxlen)
+
+
+def not_recorded(exc: Unavailable) -> Unavailable:
+    """A dependency failed before the revocation was written: say so, in words and as a field."""
+    return Unavailable(f"{exc.detail}: {NOT_RECORDED}", exc.reason, recorded=False)
 
 
 async def revoke(request: Request) -> Response:
+    try:
+        return await _revoke(request)
+    except Unavailable as exc:
+        raise not_recorded(exc) from None
+
+
+async def _revoke(request: Request) -> Response:
     from broker.app import read_json
 
     caller, svc = await _admin(request)
@@ -85,26 +124,33 @@ async def revoke(request: Request) -> Response:
             await record_event(svc, revocation, "revoke")
         else:
             revocation = await end_run_artifacts(svc, record, caller.name, why)
-            await svc.runs.end(name, caller.name)
+            try:
+                await svc.runs.end(name, caller.name)
+            except Unavailable as exc:  # recorded and in force; only the run record still says active
+                log.warning('{"event":"run_end_failed","run":"%s","reason":"%s"}', name, exc.code)
     else:
         known = {Scope.RUNTIME: svc.policies.runtimes, Scope.UPSTREAM: svc.policies.upstreams}
         if scope in known and name not in known[scope]:
             raise NotFound(f"no {scope.value} {name!r} in policy")
         revocation = await svc.revocations.revoke(new_revocation(scope, name, caller.name, why))
         await record_event(svc, revocation, "revoke")
-    return JSONResponse(_view(revocation), status_code=201)
+    return JSONResponse({**_view(revocation), "recorded": True}, status_code=201)
 
 
 async def lift(request: Request) -> Response:
-    caller, svc = await _admin(request)
     try:
-        scope = Scope(request.path_params.get("scope", "all"))
-    except ValueError:
-        raise BadRequest("scope must be runtime, upstream or all") from None
-    name = request.path_params.get("name", "")
-    revocation = await svc.revocations.lift(scope, name, caller.name)
+        caller, svc = await _admin(request)
+        try:
+            scope = Scope(request.path_params.get("scope", "all"))
+        except ValueError:
+            raise BadRequest("scope must be runtime, upstream or all") from None
+        name = request.path_params.get("name", "")
+        revocation = await svc.revocations.lift(scope, name, caller.name)
+    except Unavailable as exc:
+        raise Unavailable(f"{exc.detail}: the lift was NOT recorded; the revocation still stands",
+                          exc.reason, recorded=False) from None
     await record_event(svc, revocation, "lift")
-    return JSONResponse(_view(revocation))
+    return JSONResponse({**_view(revocation), "recorded": True})
 
 
 async def list_revocations(request: Request) -> Response:

@@ -21,6 +21,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -28,6 +29,7 @@ from starlette.routing import Route
 from broker import bundle
 from broker.admin import ROUTES as ADMIN_ROUTES
 from broker.admin import end_run_artifacts
+from broker.admission import Admission
 from broker.callers import Caller, CallerAuthenticator
 from broker.grants import parse_run_request
 from broker.openapi import OPENAPI
@@ -45,6 +47,7 @@ from policies.load import load_policy_dir
 from policies.model import PolicySet
 
 MAX_BODY = 64 * 1024
+REDIS_POOL_WAIT = 5.0  # seconds a Redis call may wait for a free connection of the pool
 log = logging.getLogger("valetkey.broker")
 
 
@@ -62,8 +65,15 @@ class Services:
     @classmethod
     def build(cls, settings: BrokerSettings, policies: PolicySet | None = None) -> Services:
         policies = policies or load_policy_dir(settings.policy_dir)
-        vault = VaultClient(settings.vault_addr, settings.vault_token)
-        client = aioredis.Redis.from_url(settings.redis_url, socket_timeout=2.0)
+        vault = VaultClient(settings.vault_addr, settings.vault_token,
+                            max_connections=settings.vault_max_connections)
+        # redis-py's default pool fails a call at once beyond 100 connections ("Too many
+        # connections": 503 for every mint past the hundredth of a burst); this one waits
+        pool = aioredis.BlockingConnectionPool.from_url(
+            settings.redis_url, max_connections=settings.redis_max_connections, timeout=REDIS_POOL_WAIT,
+            socket_timeout=2.0, socket_connect_timeout=2.0,
+        )
+        client = aioredis.Redis.from_pool(pool)
         return cls(
             settings=settings, policies=policies, vault=vault, redis=client,
             runs=RunRegistry(client),
@@ -198,7 +208,7 @@ async def on_valetkey_error(request: Request, exc: Exception) -> Response:
         raise exc
     event("refused", path=request.url.path, method=request.method, error=exc.code,
           status=exc.status)
-    return JSONResponse(exc.body(), status_code=exc.status)
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
 
 async def on_http_error(request: Request, exc: Exception) -> Response:
@@ -235,9 +245,12 @@ def create_app(settings: BrokerSettings, policies: PolicySet | None = None) -> S
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
     ]
+    admission = Middleware(Admission, concurrency=settings.mint_concurrency, queue=settings.mint_queue,
+                           wait=float(settings.mint_queue_wait))
     return Starlette(
         routes=routes,
         lifespan=lifespan,
+        middleware=[admission],
         exception_handlers={
             ValetkeyError: on_valetkey_error,
             HTTPException: on_http_error,

@@ -3,18 +3,25 @@
 The broker looks the token up in Vault with the broker's token and maps what Vault says
 (policies, AppRole role, entity) to exactly one runtime in policy, or to the security-team role
 (a Vault policy named in settings). Results are cached briefly by token hash, never by the raw
-token. Unknown or ambiguous callers are refused.
+token, and concurrent requests with the same uncached token share one lookup (a burst of mints
+from one orchestrator makes one Vault call, not one per request). Unknown or ambiguous callers
+are refused.
+
+When Vault cannot say who the caller is — unreachable, sealed, or refusing the broker's own token
+(expired, or a Vault that lost its state) — the answer is ``503 vault_unavailable``, never
+``401 unknown_caller``: the caller is refused either way, and the error names the broken party.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from contract.errors import Forbidden, Reason, Unauthenticated
+from contract.errors import Forbidden, Reason, Unauthenticated, Unavailable
 from contract.secret import token_hash
 from contract.vault import VaultClient
 from policies.model import PolicySet, Runtime
@@ -22,6 +29,7 @@ from policies.model import PolicySet, Runtime
 MAX_CALLER_TOKEN = 1024
 NEGATIVE_TTL = 5.0
 CACHE_SIZE = 10_000
+SELF_CHECK_TTL = 5.0  # seconds a confirmation that Vault accepts the broker's own token is reused
 
 
 @dataclass(frozen=True)
@@ -88,6 +96,8 @@ class CallerAuthenticator:
         self._ttl = cache_ttl
         self._clock = clock
         self._cache: OrderedDict[str, tuple[float, Caller | Unauthenticated]] = OrderedDict()
+        self._lookups: dict[str, asyncio.Task[Caller]] = {}
+        self._self_ok_until = 0.0
 
     async def authenticate(self, headers: Mapping[str, str]) -> Caller:
         token = caller_token(headers)
@@ -97,7 +107,33 @@ class CallerAuthenticator:
             if isinstance(hit[1], Unauthenticated):
                 raise Unauthenticated(hit[1].detail, hit[1].reason)
             return hit[1]
+        lookup = self._lookups.get(key)
+        if lookup is None:
+            lookup = asyncio.create_task(self._lookup(token, key), name="caller-lookup")
+            self._lookups[key] = lookup
+            lookup.add_done_callback(lambda done: self._settled(key, done))
+        # shielded: a caller that hangs up does not cancel the lookup the others wait for
+        return await asyncio.shield(lookup)
+
+    def _settled(self, key: str, lookup: asyncio.Task[Caller]) -> None:
+        if self._lookups.get(key) is lookup:
+            del self._lookups[key]
+        if not lookup.cancelled():
+            lookup.exception()  # retrieved here, so a lookup nobody awaits any more logs nothing
+
+    async def _vault_accepts_broker(self) -> bool:
+        if self._clock() < self._self_ok_until:
+            return True
+        if not await self._vault.token_valid():
+            return False
+        self._self_ok_until = self._clock() + SELF_CHECK_TTL
+        return True
+
+    async def _lookup(self, token: str, key: str) -> Caller:
         info = await self._vault.lookup_token(token)
+        if info is None and not await self._vault_accepts_broker():
+            raise Unavailable("Vault refuses the broker's own token (expired or revoked, or Vault lost "
+                              "its state): callers cannot be looked up", Reason.VAULT_UNAVAILABLE)
         try:
             if info is None:
                 raise Unauthenticated("caller token is not valid in Vault", Reason.UNKNOWN_CALLER)

@@ -7,7 +7,9 @@ from typing import Any
 _ERROR = {
     "type": "object",
     "required": ["error", "detail"],
-    "properties": {"error": {"type": "string"}, "detail": {"type": "string"}},
+    "properties": {"error": {"type": "string"}, "detail": {"type": "string"},
+                   "recorded": {"type": "boolean", "description": "revocations and lifts: false on a 503"},
+                   "retry_after": {"type": "integer", "description": "broker_overloaded: seconds"}},
 }
 _GRANT = {
     "type": "object",
@@ -51,7 +53,7 @@ _REVOCATION = {
     "properties": {"scope": {"type": "string"}, "name": {"type": "string"}, "who": {"type": "string"},
                    "why": {"type": "string"}, "when": {"type": "number"}, "not_before": {"type": "integer"},
                    "blocked": {"type": "boolean"}, "lifted_by": {"type": "string"},
-                   "lifted_at": {"type": "number"}},
+                   "lifted_at": {"type": "number"}, "recorded": {"type": "boolean"}},
 }
 
 
@@ -108,7 +110,8 @@ OPENAPI: dict[str, Any] = {
             "post": {"summary": "Revoke a run, a runtime, an upstream or everything (security team)",
                      "security": _AUTH,
                      "requestBody": {"required": True, "content": {"application/json": {"schema": _REVOKE}}},
-                     "responses": {**_ok("revocation", _REVOCATION, "201"), **_errors(400, 401, 403, 404)}},
+                     "responses": {**_ok("revocation", _REVOCATION, "201"),
+                                   **_errors(400, 401, 403, 404, 503)}},
             "get": {"summary": "Every recorded revocation (security team)", "security": _AUTH,
                     "responses": {**_ok("revocations", {"type": "object"}), **_errors(401, 403)}},
         },

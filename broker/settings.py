@@ -38,6 +38,14 @@ class BrokerSettings:
     caller_cache_ttl: int = 30
     key_cache_ttl: int = 10
     audit_maxlen: int = 100_000
+    # admission control of POST /v1/runs (broker/admission.py): mints served at once, mints
+    # waiting for a slot, and how long one may wait; beyond either bound: 503 broker_overloaded
+    mint_concurrency: int = 32
+    mint_queue: int = 512
+    mint_queue_wait: int = 10
+    # connection pools: a call waits for a free connection rather than failing at the bound
+    redis_max_connections: int = 64
+    vault_max_connections: int = 64
     gateway_urls: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     gateway_url_template: str = "http://valetkey-gateway-{upstream}:8080"
 
@@ -66,6 +74,15 @@ class BrokerSettings:
             key_cache_ttl=duration(env, "VALETKEY_KEY_CACHE_TTL", "10s"),
             audit_maxlen=int_setting("VALETKEY_AUDIT_MAXLEN", env.get("VALETKEY_AUDIT_MAXLEN", "100000"),
                               1000, 100_000_000),
+            mint_concurrency=int_setting("VALETKEY_MINT_CONCURRENCY",
+                                  env.get("VALETKEY_MINT_CONCURRENCY", "32"), 1, 10_000),
+            mint_queue=int_setting("VALETKEY_MINT_QUEUE", env.get("VALETKEY_MINT_QUEUE", "512"),
+                                   0, 1_000_000),
+            mint_queue_wait=duration(env, "VALETKEY_MINT_QUEUE_WAIT", "10s"),
+            redis_max_connections=int_setting("VALETKEY_REDIS_MAX_CONNECTIONS",
+                                       env.get("VALETKEY_REDIS_MAX_CONNECTIONS", "64"), 4, 100_000),
+            vault_max_connections=int_setting("VALETKEY_VAULT_MAX_CONNECTIONS",
+                                       env.get("VALETKEY_VAULT_MAX_CONNECTIONS", "64"), 4, 100_000),
             gateway_urls=MappingProxyType(_gateway_urls(env.get("VALETKEY_GATEWAY_URLS", ""))),
             gateway_url_template=env.get(
                 "VALETKEY_GATEWAY_URL_TEMPLATE", "http://valetkey-gateway-{upstream}:8080"

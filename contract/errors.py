@@ -11,6 +11,7 @@
     ├── UpstreamError             502  a dependency (Vault, Redis, upstream) failed
     ├── GatewayTimeout            504  the upstream did not answer in time
     └── Unavailable               503  fail-closed: state we rely on cannot be confirmed
+        ├── Overloaded            503  over the broker's admission bound; carries Retry-After
         └── ServiceError          503  a local service (OpenBao, redis-server) failed to start
 
 Foreign exceptions (hvac, redis, httpx) are translated where they enter, with
@@ -62,6 +63,7 @@ class Reason(StrEnum):
     VAULT_UNAVAILABLE = "vault_unavailable"
     REDIS_UNAVAILABLE = "redis_unavailable"
     SIGNING_FAILED = "signing_failed"
+    BROKER_OVERLOADED = "broker_overloaded"  # broker/admission.py
     # gateway: request framing and target
     ABSOLUTE_FORM_TARGET = "absolute_form_target"
     AMBIGUOUS_FRAMING = "ambiguous_framing"
@@ -165,6 +167,16 @@ class GatewayTimeout(ValetkeyError):
 class Unavailable(ValetkeyError):
     status = 503
     default_reason = Reason.VAULT_UNAVAILABLE
+
+
+class Overloaded(Unavailable):
+    """More work than the admission bound allows: refused at once, to be retried later."""
+
+    default_reason = Reason.BROKER_OVERLOADED
+
+    def __init__(self, detail: str, retry_after: int) -> None:
+        super().__init__(detail, retry_after=retry_after)
+        self.headers = {"retry-after": str(retry_after)}
 
 
 class TokenInvalid(Unauthenticated):

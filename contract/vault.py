@@ -39,11 +39,14 @@ class VaultClient:
         *,
         timeout: httpx.Timeout = DEFAULT_TIMEOUT,
         transport: httpx.AsyncBaseTransport | None = None,
+        max_connections: int = 100,
     ) -> None:
         self.addr = addr.rstrip("/")
         self._token = token
+        limits = httpx.Limits(max_connections=max_connections,
+                              max_keepalive_connections=max_connections)
         self._http = httpx.AsyncClient(
-            base_url=f"{self.addr}/v1/", timeout=timeout, transport=transport
+            base_url=f"{self.addr}/v1/", timeout=timeout, transport=transport, limits=limits
         )
         self.calls = 0  # requests made; tests use it to prove the hot path makes none
 

@@ -121,13 +121,16 @@ class Gateway:
         webhook_url = settings.alert_webhook_url or policy.webhook_url
         webhook = WebhookSender(webhook_url, settings.alert_webhook_secret,
                                 httpx.AsyncClient(timeout=5.0, trust_env=False))
-        audit = AuditSink(redis, settings.audit_stream, settings.audit_maxlen, metrics)
+        audit = AuditSink(redis, settings.audit_stream, settings.audit_maxlen, metrics,
+                          settings.audit_buffer)
         detectors = Detectors(redis, policy, webhook, settings.audit_maxlen)
         audit.observer = detectors.observe
         return cls(
             settings=settings, upstream=upstream, vault=vault, redis=redis,
             secrets=SecretStore(vault, upstream.secret, role_id=settings.approle_role_id,
-                                secret_id=settings.approle_secret_id, refresh=settings.secret_refresh,
+                                secret_id=settings.approle_secret_id,
+                                secret_id_file=settings.approle_secret_id_file,
+                                refresh=settings.secret_refresh,
                                 max_stale=settings.secret_max_stale),
             resolver=PinnedResolver(upstream.host, upstream.port, upstream.allow_private,
                                     resolver=resolver),

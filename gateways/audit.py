@@ -3,30 +3,33 @@ plus the Prometheus metrics labelled with the same reason codes.
 
 The line never carries a header value, a body, a token or a secret: the path's query values are
 masked, and only fields built here are written. Writing to Redis happens off the request path
-through a bounded queue; if Redis is slow the oldest pending lines are dropped and counted.
+through a bounded buffer that outlives a Redis outage (lines are written, in order, once Redis is
+back); only lines that find the buffer full are dropped from the stream, and counted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, quote
 
 import redis.asyncio as aioredis
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from redis.exceptions import RedisError
 
 from contract.errors import ValetkeyError
 
 log = logging.getLogger("valetkey.audit")
 Observer = Callable[["AuditRecord", int], Awaitable[None]]
-QUEUE_SIZE = 10_000
+BUFFER_SIZE = 100_000  # lines held for the stream while Redis is unreachable (~40 MB at most)
 
 # KEYS[1] the stream; ARGV[1] its approximate MAXLEN, then (line, run, runtime) per audit line:
 # the same entries as ``XADD stream MAXLEN ~ N * line … run … runtime … kind request``
@@ -95,6 +98,10 @@ class Metrics:
             "valetkey_gateway_audit_dropped", "Audit lines not written to Redis",
             ["upstream"], registry=self.registry,
         )
+        self.audit_pending = Gauge(
+            "valetkey_gateway_audit_pending", "Audit lines held for the Redis stream, not yet written",
+            registry=self.registry,
+        )
         self._children: dict[tuple[str, str, str], tuple[Any, ...]] = {}
 
     def observe(self, record: AuditRecord) -> None:
@@ -117,58 +124,108 @@ class Metrics:
 
 
 class AuditSink:
-    """stdout line now; Redis stream (XADD MAXLEN ~) from a background task."""
+    """stdout line now; Redis stream (XADD MAXLEN ~) from a background task, in order.
 
-    def __init__(self, redis: aioredis.Redis, stream: str, maxlen: int, metrics: Metrics) -> None:
+    Lines wait in a bounded in-memory buffer until Redis has them. While Redis is unreachable
+    they stay there, in order, and the writer retries with backoff (``RETRY_FIRST`` doubling to
+    ``RETRY_MAX``); once Redis answers again the backlog is written oldest first, and the alert
+    detectors (``observer``) see each line after it is in the stream. Only when the buffer is full
+    are new lines dropped from the stream (they are still on stdout), counted in
+    ``valetkey_gateway_audit_dropped_total`` and in one log line per outage.
+    """
+
+    RETRY_FIRST, RETRY_MAX = 0.1, 2.0
+    BATCH = 256
+
+    def __init__(self, redis: aioredis.Redis, stream: str, maxlen: int, metrics: Metrics,
+                 buffer: int = BUFFER_SIZE) -> None:
         self._redis = redis
         self._stream = stream
         self._maxlen = maxlen
         self._metrics = metrics
-        self._queue: asyncio.Queue[tuple[AuditRecord, int, str]] = asyncio.Queue(QUEUE_SIZE)
+        self._limit = buffer
+        self._buffer: deque[tuple[AuditRecord, int, str]] = deque()  # not yet in the stream
+        self._unobserved: deque[tuple[AuditRecord, int]] = deque()  # in the stream, not yet observed
+        self._wake = asyncio.Event()  # set when a line arrives
+        self._idle = asyncio.Event()  # set while everything written has reached the stream
+        self._idle.set()
         self._task: asyncio.Task[None] | None = None
         self._append: Any = redis.register_script(_APPEND)
         self.observer: Observer | None = None  # the alert detectors, fed after each batch
+        metrics.audit_pending.set_function(lambda: len(self._buffer))
+        self.dropped = 0  # lines not written to the stream (buffer full)
+        self.written = 0  # lines written to the stream
+
+    @property
+    def pending(self) -> int:
+        return len(self._buffer)
 
     def write(self, record: AuditRecord, run_expires: int = 0) -> None:
         line = record.to_json()
         if log.isEnabledFor(logging.INFO):
             log.info(line)
         self._metrics.observe(record)
-        try:
-            self._queue.put_nowait((record, run_expires, line))  # serialised once, written twice
-        except asyncio.QueueFull:
+        if len(self._buffer) >= self._limit:
+            self.dropped += 1
             self._metrics.audit_dropped.labels(record.upstream).inc()
+            return
+        self._buffer.append((record, run_expires, line))  # serialised once, written twice
+        self._idle.clear()
+        self._wake.set()
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._drain(), name="audit-drain")
 
     async def stop(self) -> None:
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(2.0):  # let queued lines reach Redis before exiting
-                await self._queue.join()
+            async with asyncio.timeout(2.0):  # let buffered lines reach Redis before exiting
+                if self._task is not None and not self._task.done():
+                    await self._idle.wait()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
     async def _drain(self) -> None:
+        delay = self.RETRY_FIRST
+        failing = False
         while True:
-            batch = [await self._queue.get()]
-            while not self._queue.empty() and len(batch) < 256:
-                batch.append(self._queue.get_nowait())
+            if not self._buffer and not self._unobserved:
+                self._wake.clear()
+                self._idle.set()
+                await self._wake.wait()
             try:
-                await self._write([(record, line) for record, _, line in batch])
-                if self.observer is not None:
-                    for record, run_expires, _ in batch:
-                        await self.observer(record, run_expires)
-            except (RedisError, OSError, ValetkeyError):
-                for record, _, _ in batch:
-                    self._metrics.audit_dropped.labels(record.upstream).inc()
-                log.warning('{"event":"audit_stream_write_failed","lines":%d}', len(batch))
-                await asyncio.sleep(0.5)
-            finally:
-                for _ in batch:
-                    self._queue.task_done()
+                await self._step()
+            except (RedisError, OSError, ValetkeyError) as exc:
+                if not failing:  # one line per outage, not one per retry
+                    log.warning('{"event":"audit_stream_write_failed","pending":%d,"error":"%s"}',
+                                len(self._buffer), type(exc).__name__)
+                failing = True
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.RETRY_MAX)
+                continue
+            if failing:
+                log.warning('{"event":"audit_stream_recovered","pending":%d,"dropped":%d}',
+                            len(self._buffer), self.dropped)
+            failing, delay = False, self.RETRY_FIRST
+
+    async def _step(self) -> None:
+        """Observe what is already in the stream, then write the next batch; raises on a Redis
+        failure with nothing lost (what failed stays at the front of its queue)."""
+        while self._unobserved:
+            record, run_expires = self._unobserved[0]
+            if self.observer is not None:
+                await self.observer(record, run_expires)
+            self._unobserved.popleft()
+        batch = list(itertools.islice(self._buffer, self.BATCH))
+        if not batch:
+            return
+        await self._write([(record, line) for record, _, line in batch])
+        for _ in batch:
+            self._buffer.popleft()
+        self.written += len(batch)
+        if self.observer is not None:
+            self._unobserved.extend((record, run_expires) for record, run_expires, _ in batch)
 
     async def _write(self, batch: list[tuple[AuditRecord, str]]) -> None:
         """One script call appends the batch: a pipeline of XADDs cost a worker ~8 % of its CPU

@@ -153,6 +153,7 @@ class Detectors:
         self._window: Any = client.register_script(_WINDOW)
         self._revocations = RevocationStore(client)
         self.fired: list[Alert] = []
+        self._claimed: dict[str, Alert] = {}  # fired here, not yet fully announced
 
     def _candidates(self, record: AuditRecord) -> list[tuple[AlertKind, str]]:
         """(detector, member to count) for this decision."""
@@ -180,13 +181,25 @@ class Detectors:
                 await self._fire(kind, record, count, run_expires)
 
     async def _fire(self, kind: AlertKind, record: AuditRecord, count: int, run_expires: int) -> None:
-        first = await self._redis.set(f"{PREFIX}{record.run}:fired:{kind.value}", "1", nx=True, ex=FIRED_TTL)
-        if not first:
-            return
-        threshold = self._policy.thresholds[kind]
-        alert = Alert(kind, record.run, record.runtime, record.upstream, count, threshold.count,
-                      threshold.window, record.request_id, time.time(), kind in self._policy.auto_revoke)
+        flag = f"{PREFIX}{record.run}:fired:{kind.value}"
+        alert = self._claimed.get(flag)
+        if alert is None:
+            if not await self._redis.set(flag, "1", nx=True, ex=FIRED_TTL):
+                return  # fired already, here or at another replica
+            threshold = self._policy.thresholds[kind]
+            alert = Alert(kind, record.run, record.runtime, record.upstream, count, threshold.count,
+                          threshold.window, record.request_id, time.time(),
+                          kind in self._policy.auto_revoke)
+            # claimed: if Redis fails below, the audit sink observes this line again and the
+            # alert is finished then (the flag alone would make the retry skip it for good)
+            self._claimed[flag] = alert
+        await self._announce(alert, record, run_expires)
+        del self._claimed[flag]
         self.fired.append(alert)
+        self._webhook.send(alert.to_json())
+
+    async def _announce(self, alert: Alert, record: AuditRecord, run_expires: int) -> None:
+        kind = alert.kind
         event = alert.to_json()
         log.warning(json.dumps(event, sort_keys=True))
         await self._redis.xadd(STREAM, {"line": json.dumps(event, sort_keys=True)}, maxlen=10_000,
@@ -201,4 +214,3 @@ class Detectors:
                                                 "who": revocation.who, "why": revocation.why,
                                                 "time": revocation.when}, kind="revocation",
                                   maxlen=self._maxlen)
-        self._webhook.send(event)

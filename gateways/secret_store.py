@@ -5,6 +5,12 @@ Identity: AppRole (role id + secret id) in production, re-logging in before the 
 ends; a plain token in development. The store keeps the previous value after a rotation so
 redaction can still catch echoes of it. If Vault stays unreachable for longer than ``max_stale``
 the store fails closed (``secret_unavailable``).
+
+A failed refresh is retried in the background with backoff (``RETRY_FIRST`` doubling up to the
+refresh interval), logging in to AppRole again before each retry: a Vault that restarted and
+lost its tokens (dev mode, a restore) is served again as soon as the gateway's credentials are
+valid there again — the same role id and secret id restored, or a new secret id written to
+``VALETKEY_VAULT_SECRET_ID_FILE``, which is read again at every login. Never on the request path.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from contract.errors import Reason, Unavailable, ValetkeyError
 from contract.secret import Secret
@@ -21,6 +28,7 @@ from contract.vault import VaultClient
 from policies.model import SecretRef
 
 log = logging.getLogger("valetkey.gateway")
+RETRY_FIRST = 1.0  # seconds before the first retry of a failed refresh
 
 
 class SecretStore:
@@ -31,6 +39,7 @@ class SecretStore:
         *,
         role_id: str = "",
         secret_id: Secret | None = None,
+        secret_id_file: str = "",
         refresh: float = 60.0,
         max_stale: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
@@ -39,6 +48,7 @@ class SecretStore:
         self._ref = ref
         self._role_id = role_id
         self._secret_id = secret_id
+        self._secret_id_file = secret_id_file
         self._refresh = refresh
         self._max_stale = max_stale
         self._clock = clock
@@ -57,6 +67,14 @@ class SecretStore:
             return
         if self._clock() < self._login_expires:
             return
+        if self._secret_id_file:  # the operator may have written a new one (after a Vault restore)
+            try:
+                text = await asyncio.to_thread(Path(self._secret_id_file).read_text, encoding="utf-8")
+                value = text.strip()
+            except OSError:
+                value = ""  # unreadable now: keep the one we have
+            if value:
+                self._secret_id = Secret(value)
         token, lease = await self._vault.approle_login(self._role_id, self._secret_id)
         self._vault.set_token(token)
         # log in again at two thirds of the lease, so the token never expires in use
@@ -94,10 +112,18 @@ class SecretStore:
                 await self._task
 
     async def _run(self) -> None:
+        pause, failures = self._refresh, 0
         while True:
-            await asyncio.sleep(self._refresh)
+            await asyncio.sleep(pause)
             try:
                 await self.load()
             except ValetkeyError as exc:
                 self._login_expires = 0.0  # the token may be gone: log in again next time
-                log.warning('{"event": "secret_refresh_failed", "reason": "%s"}', exc.code)
+                pause = min(self._refresh, RETRY_FIRST * 2**failures)
+                failures += 1
+                log.warning('{"event": "secret_refresh_failed", "reason": "%s", "retry_in": %g}',
+                            exc.code, pause)
+                continue
+            if failures:
+                log.warning('{"event": "secret_refresh_recovered", "failures": %d}', failures)
+            pause, failures = self._refresh, 0

@@ -48,6 +48,8 @@ class GatewaySettings:
     alert_webhook_secret: Secret | None = None
     audit_stream: str = "valetkey:audit"
     audit_maxlen: int = 100_000
+    audit_buffer: int = 100_000  # audit lines held for the stream while Redis is unreachable
+    approle_secret_id_file: str = ""  # read again at every AppRole login (a restored Vault)
 
     @classmethod
     def from_env(cls, upstream: str, env: Mapping[str, str] | None = None) -> GatewaySettings:
@@ -91,6 +93,9 @@ class GatewaySettings:
             if env.get("VALETKEY_ALERT_WEBHOOK_SECRET") else None,
             audit_maxlen=int_setting("VALETKEY_AUDIT_MAXLEN", env.get("VALETKEY_AUDIT_MAXLEN", "100000"),
                               1000, 100_000_000),
+            approle_secret_id_file=env.get("VALETKEY_VAULT_SECRET_ID_FILE", ""),
+            audit_buffer=int_setting("VALETKEY_AUDIT_BUFFER", env.get("VALETKEY_AUDIT_BUFFER", "100000"),
+                              0, 10_000_000),
         )
 
 

@@ -1,24 +1,81 @@
 """CLI for the security team: ``valetkey revoke``, ``valetkey revocations``, ``valetkey audit``.
 
 ``revoke`` and ``revocations`` go through the broker API with the caller's Vault token (it must
-carry the admin policy). ``audit`` reads the Redis audit stream directly (VALETKEY_REDIS_URL).
+carry the admin policy); ``revoke --break-glass`` writes to Redis directly when Vault (and so the
+broker's caller lookup) is down. ``audit`` reads the Redis audit stream directly
+(VALETKEY_REDIS_URL).
 """
 
 from __future__ import annotations
 
 import asyncio
+import getpass
 import json
 import os
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
+import httpx
 import redis.asyncio as aioredis
 
+from broker.admin import append_event
+from broker.runs import RunRegistry
 from contract import audit_stream
-from contract.errors import ValetkeyError
+from contract.errors import Unavailable, ValetkeyError
+from contract.revocations import Revocation, RevocationStore, Scope, new_revocation
 from policies.units import parse_duration
 from valetkey.broker_cli import BROKER_OPTION, _client, _show, fail
+
+T = TypeVar("T")
+
+
+RETRY_FIRST, RETRY_MAX = 1.0, 10.0  # seconds between attempts to record a revocation
+
+
+class NotRecorded(Exception):
+    """This attempt did not record the revocation; another may."""
+
+
+def until_recorded(attempt: Callable[[], T], what: str) -> T:
+    """Call ``attempt`` until it records ``what``, saying so on stderr; Ctrl-C gives up, loudly."""
+    delay = RETRY_FIRST
+    try:
+        while True:
+            try:
+                return attempt()
+            except NotRecorded as exc:
+                click.echo(f"{what}: NOT recorded yet ({exc}); retrying in {delay:g}s "
+                           "(Ctrl-C to give up)", err=True)
+            time.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX)
+    except KeyboardInterrupt:
+        fail(f"interrupted: {what} was NOT recorded")
+        raise  # fail() exits; this line is for the type checker
+
+
+def _recorded(response: httpx.Response) -> dict[str, Any]:
+    if response.status_code == 503:
+        try:
+            body = response.json()
+        except ValueError:
+            body = {"error": "unavailable", "detail": response.text[:200]}
+        hint = " (Vault down? --break-glass writes to Redis directly)" \
+            if body.get("error") == "vault_unavailable" else ""
+        raise NotRecorded(f"503 {body.get('error')}: {body.get('detail')}{hint}")
+    return _show(response)
+
+
+def _via_broker(client: httpx.Client, method: str, path: str, body: dict[str, Any] | None = None
+                ) -> Callable[[], dict[str, Any]]:
+    def attempt() -> dict[str, Any]:
+        try:
+            return _recorded(client.request(method, path, json=body))
+        except httpx.TransportError as exc:
+            raise NotRecorded(f"broker unreachable: {type(exc).__name__}") from None
+
+    return attempt
 
 
 @click.command("revoke")
@@ -29,24 +86,77 @@ from valetkey.broker_cli import BROKER_OPTION, _client, _show, fail
 @click.option("--all", "everything", is_flag=True, help="every token and every mint")
 @click.option("--reason", default="", help="why (recorded with who and when)")
 @click.option("--lift", is_flag=True, help="lift a runtime, upstream or global revocation")
+@click.option("--break-glass", "break_glass", is_flag=True,
+              help="write to Redis directly, without the broker or Vault (see docs/operations.md)")
+@click.option("--redis", "redis_url", envvar="VALETKEY_REDIS_URL", default="",
+              help="with --break-glass: the Redis that holds the revocations [$VALETKEY_REDIS_URL]")
 def revoke_command(broker: str, run_id: str | None, runtime: str | None, upstream: str | None,
-                   everything: bool, reason: str, lift: bool) -> None:
-    """Revoke a run, a runtime, an upstream or everything (or --lift one)."""
+                   everything: bool, reason: str, lift: bool, break_glass: bool, redis_url: str) -> None:
+    """Revoke a run, a runtime, an upstream or everything (or --lift one).
+
+    Retries until the broker has recorded it (a 503 or an unreachable broker records nothing),
+    saying so on stderr; Ctrl-C gives up."""
     chosen = [(s, n) for s, n in (("run", run_id), ("runtime", runtime), ("upstream", upstream),
                                   ("all", "" if everything else None)) if n is not None]
     if len(chosen) != 1:
         fail("give exactly one of --run, --runtime, --upstream, --all")
     scope, name = chosen[0]
-    with _client(broker) as client:
-        if lift:
-            path = "/v1/revocations/all" if scope == "all" else f"/v1/revocations/{scope}/{name}"
-            record = _show(client.delete(path))
-            click.echo(f"lifted {scope} {name}".rstrip() + f" (by {record['lifted_by']})")
-            return
-        body = {"scope": scope, "name": name, "reason": reason or "revoked from the command line"}
-        record = _show(client.post("/v1/revocations", json=body))
+    what = f"{'lift of' if lift else 'revocation of'} {scope} {name}".rstrip()
+    why = reason or "revoked from the command line"
+    record: dict[str, Any]
+    if break_glass:
+        if not redis_url:
+            fail("--break-glass needs --redis URL (or VALETKEY_REDIS_URL)")
+        revocation = until_recorded(lambda: _break_glass(redis_url, Scope(scope), name, why, lift), what)
+        record = {"when": revocation.when, "who": revocation.who, "why": revocation.why,
+                  "lifted_by": revocation.lifted_by}
+    else:
+        with _client(broker) as client:
+            if lift:
+                path = "/v1/revocations/all" if scope == "all" else f"/v1/revocations/{scope}/{name}"
+                record = until_recorded(_via_broker(client, "DELETE", path), what)
+            else:
+                body = {"scope": scope, "name": name, "reason": why}
+                record = until_recorded(_via_broker(client, "POST", "/v1/revocations", body), what)
+    if lift:
+        click.echo(f"lifted {scope} {name}".rstrip() + f" (by {record['lifted_by']})")
+        return
     click.echo(f"revoked {scope} {name}".rstrip() + f" at {_when(record['when'])} by {record['who']}: "
                f"{record['why']}")
+
+
+def _break_glass(url: str, scope: Scope, name: str, why: str, lift: bool) -> Revocation:
+    """The broker's own record and publish (``RevocationStore``), written from here: for when the
+    broker cannot authenticate anyone because Vault is down. Audited with the OS user."""
+    user = getpass.getuser()
+    who = f"break-glass:{user}"
+
+    async def write() -> Revocation:
+        client = aioredis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0)
+        store = RevocationStore(client)
+        try:
+            if lift:
+                revocation = await store.lift(scope, name, who)
+            else:
+                runs = RunRegistry(client)
+                run = await runs.get(name) if scope is Scope.RUN else None
+                revocation = await store.revoke(new_revocation(
+                    scope, name, who, why, run_expires=run.expires if run else None))
+                if run is not None:
+                    await runs.end(name, who)
+            await append_event(client, revocation, "lift" if lift else "revoke", audit_stream.DEFAULT_MAXLEN,
+                               break_glass=True, os_user=user)
+            return revocation
+        except Unavailable as exc:
+            raise NotRecorded(f"{exc.code}: {exc.detail}") from None
+        finally:
+            await client.aclose()
+
+    try:
+        return asyncio.run(write())
+    except ValetkeyError as exc:
+        fail(f"{exc.status} {exc.code}: {exc.detail}")
+        raise
 
 
 @click.command("revocations")

@@ -26,6 +26,7 @@ def gateway_serve(upstream: str, workers: int, log_level: str) -> None:
     """Serve one upstream (settings from VAULT_ADDR, VALETKEY_* variables)."""
     import uvicorn
     import uvicorn.supervisors
+    from uvicorn.config import STARTUP_FAILURE
 
     from gateways.app import GatewayApp
     from gateways.server import config
@@ -51,11 +52,20 @@ def gateway_serve(upstream: str, workers: int, log_level: str) -> None:
         # (40 ms stalls on keep-alive); rewrap the socket as IPPROTO_TCP so TCP_NODELAY applies
         bound = cfg.bind_socket()
         sock = socket.socket(bound.family, bound.type, socket.IPPROTO_TCP, fileno=bound.detach())
-        uvicorn.supervisors.Multiprocess(cfg, sockets=[sock]).run()
+        supervisor = uvicorn.supervisors.Multiprocess(cfg, sockets=[sock])
+        supervisor.run()
+        # a worker whose start-up failed stops the supervisor, which then returns normally
+        if any(worker.process.exitcode == STARTUP_FAILURE for worker in supervisor.processes):
+            sys.exit(1)
         return
     app = GatewayApp(settings, policies.upstreams[upstream], alerting=policies.alerting)
     server = uvicorn.Server(config(app, settings.host,
                                    settings.port, log_level))
-    server.run()
+    try:
+        server.run()
+    except SystemExit as exc:  # uvicorn exits 3 when start-up fails; ours is 1 (docs/operations.md)
+        if exc.code == STARTUP_FAILURE:
+            sys.exit(1)
+        raise
     if not server.started:
         sys.exit(1)

@@ -120,7 +120,10 @@ def test_redis_restarts_on_the_same_port() -> None:
             server.start()
             assert (server.port, server.url) == (port, url)
             assert client.ping()
-            assert client.get("k") is None  # no persistence: a restart starts empty
+            assert client.get("k") == b"v"  # the append-only file: a restart keeps the data
+            server.close()
+            server.start()
+            assert client.get("k") is None  # close() removed the data
     assert not server.running
 
 

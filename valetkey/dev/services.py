@@ -87,6 +87,7 @@ class LocalService:
 
     name: ClassVar[str] = "service"
     reason: ClassVar[Reason] = Reason.VAULT_UNAVAILABLE
+    keeps_data: ClassVar[bool] = False  # True: the directory outlives stop(), until close()
 
     def __init__(self, binary: str, port: int | None, ready_timeout: float) -> None:
         self.binary = binary
@@ -117,7 +118,7 @@ class LocalService:
         if self.running:
             return
         self.stop()  # reap a process that died on its own
-        workdir = Path(tempfile.mkdtemp(prefix=f"valetkey-{self.name}-"))
+        workdir = self._dir or Path(tempfile.mkdtemp(prefix=f"valetkey-{self.name}-"))
         self._dir = workdir
         try:
             with self._log_path().open("wb") as log:
@@ -130,16 +131,17 @@ class LocalService:
                     cwd=workdir,
                 )
         except OSError as exc:
-            self.stop()
+            self.close()
             raise ServiceError(f"cannot run {self.name} ({self.binary}): {exc}", self.reason) from exc
         try:
             self._wait_ready()
         except BaseException:
-            self.stop()
+            self.close()
             raise
 
     def stop(self) -> None:
-        """Terminate the process (SIGTERM, then SIGKILL), reap it and remove its directory."""
+        """Terminate the process (SIGTERM, then SIGKILL), reap it and remove its directory (unless
+        the service ``keeps_data``: then ``start()`` finds it again)."""
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:  # poll() also reaps one that exited
             proc.terminate()
@@ -148,6 +150,13 @@ class LocalService:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if not self.keeps_data:
+            self.close()
+
+    def close(self) -> None:
+        """Stop, and remove the directory and the data in it."""
+        if self.running:
+            self.stop()
         workdir, self._dir = self._dir, None
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -163,6 +172,7 @@ class LocalService:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+        self.close()
 
     def log_tail(self) -> str:
         """The end of the process log, with anything secret removed."""
@@ -265,14 +275,17 @@ class OpenBaoDev(LocalService):
 
 
 class RedisServer(LocalService):
-    """A throwaway ``redis-server``: no persistence, loopback only.
+    """A throwaway ``redis-server`` on loopback, with the append-only file on, as in production.
 
-    ``port`` and ``url`` (``redis://127.0.0.1:PORT/0``) stay the same across ``stop()``/``start()``;
-    the data does not.
+    ``port``, ``url`` (``redis://127.0.0.1:PORT/0``) and the data stay the same across
+    ``stop()``/``start()`` (SIGTERM makes Redis flush its AOF first); ``close()``
+    (or leaving the ``with`` block) removes the data. Without the AOF a restart would empty the
+    revocations, the run registry and the audit stream, which is not the outage tests simulate.
     """
 
     name = "redis-server"
     reason = Reason.REDIS_UNAVAILABLE
+    keeps_data = True
 
     def __init__(
         self,
@@ -290,7 +303,8 @@ class RedisServer(LocalService):
         return [
             self.binary,
             "--save", "",
-            "--appendonly", "no",
+            "--appendonly", "yes",
+            "--appendfsync", "everysec",
             "--port", str(self.port),
             "--bind", LOOPBACK,
             "--dir", str(workdir),
