@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from broker import auditlog
+from broker.bodies import read_json_object
 from broker.errors import BadRequest, NotFound, Reason, ValetkeyError
 from broker.revocations import Revocation, Scope, new_revocation
 
@@ -67,11 +68,9 @@ async def record_event(svc: Services, revocation: Revocation, action: str) -> No
 
 
 async def revoke(request: Request) -> Response:
-    from broker.app import read_json
-
     caller, svc = await _admin(request)
-    body = await read_json(request)
-    if not isinstance(body, dict) or set(body) - {"scope", "name", "reason"}:
+    body = await read_json_object(request)
+    if set(body) - {"scope", "name", "reason"}:
         raise BadRequest("body must be {scope, name, reason}")
     try:
         scope = Scope(str(body.get("scope")))

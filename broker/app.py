@@ -28,8 +28,9 @@ from starlette.routing import Route
 from broker import auditlog, bundle
 from broker.admin import ROUTES as ADMIN_ROUTES
 from broker.admin import end_run_artifacts
+from broker.bodies import read_json_object
 from broker.callers import Caller, CallerAuthenticator
-from broker.errors import BadRequest, Forbidden, NotFound, PayloadTooLarge, Reason, ValetkeyError
+from broker.errors import Forbidden, NotFound, Reason, ValetkeyError
 from broker.grants import parse_run_request
 from broker.jwks import jwks_from_transit
 from broker.openapi import OPENAPI
@@ -42,7 +43,6 @@ from broker.vault import VaultClient
 from policies.load import load_policy_dir
 from policies.model import PolicySet
 
-MAX_BODY = 64 * 1024
 log = logging.getLogger("valetkey.broker")
 
 
@@ -89,21 +89,6 @@ def services(request: Request) -> Services:
     return svc
 
 
-async def read_json(request: Request) -> Any:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY:
-        raise PayloadTooLarge(f"request body is larger than {MAX_BODY} bytes")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY:
-            raise PayloadTooLarge(f"request body is larger than {MAX_BODY} bytes")
-    try:
-        return json.loads(body)
-    except ValueError:
-        raise BadRequest("request body is not valid JSON") from None
-
-
 async def authenticate(request: Request) -> Caller:
     return await services(request).callers.authenticate(request.headers)
 
@@ -113,7 +98,7 @@ async def create_run(request: Request) -> Response:
     caller = await authenticate(request)
     runtime = caller.require_runtime()
     run_request = parse_run_request(
-        await read_json(request), runtime, svc.policies, svc.settings.default_ttl
+        await read_json_object(request), runtime, svc.policies, svc.settings.default_ttl
     )
     block = await svc.revocations.blocking(runtime.name, run_request.by_upstream)
     if block is not None:

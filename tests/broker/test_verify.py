@@ -147,13 +147,13 @@ UNSIGNED = [
     pytest.param("hs256-public-key", "alg", id="hs256-keyed-with-public-key"),
     pytest.param("tampered-payload", "signature", id="tampered-payload"),
     pytest.param("tampered-signature", "signature", id="tampered-signature"),
-    pytest.param("duplicate-claim", "format", id="duplicate-claim-names"),
-    pytest.param("duplicate-header", "format", id="duplicate-header-names"),
+    pytest.param("duplicate-claim", "json", id="duplicate-claim-names"),
+    pytest.param("duplicate-header", "json", id="duplicate-header-names"),
     pytest.param("oversized", "size", id="oversized"),
     pytest.param("two-segments", "format", id="two-segments"),
     pytest.param("padding-chars", "format", id="padding-characters"),
-    pytest.param("not-json-header", "format", id="header-not-json"),
-    pytest.param("array-payload", "format", id="payload-not-object"),
+    pytest.param("not-json-header", "json", id="header-not-json"),
+    pytest.param("array-payload", "json", id="payload-not-object"),
     pytest.param("empty", "format", id="empty"),
 ]
 
