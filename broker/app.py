@@ -23,7 +23,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Match, Route
 
 from broker import auditlog, bundle
 from broker.admin import ROUTES as ADMIN_ROUTES
@@ -184,10 +184,21 @@ async def on_valetkey_error(request: Request, exc: Exception) -> Response:
     return JSONResponse(exc.body(), status_code=exc.status)
 
 
+def allowed_methods(request: Request) -> str:
+    """Every method some route serves at this path (a path's methods may be split over routes)."""
+    methods: set[str] = set()
+    for route in request.app.routes:
+        if isinstance(route, Route) and route.methods and route.matches(request.scope)[0] != Match.NONE:
+            methods |= route.methods
+    return ", ".join(sorted(methods))
+
+
 async def on_http_error(request: Request, exc: Exception) -> Response:
     status = exc.status_code if isinstance(exc, HTTPException) else 500
     code = {404: Reason.NOT_FOUND, 405: Reason.METHOD_NOT_ALLOWED}.get(status, Reason.INVALID_REQUEST)
-    return JSONResponse({"error": code.value, "detail": f"HTTP {status}"}, status_code=status)
+    headers = {"Allow": allowed_methods(request)} if status == 405 else None  # RFC 9110 15.5.6
+    return JSONResponse({"error": code.value, "detail": f"HTTP {status}"}, status_code=status,
+                        headers=headers)
 
 
 async def on_unexpected(request: Request, exc: Exception) -> Response:
