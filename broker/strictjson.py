@@ -23,8 +23,10 @@ from broker.errors import BadRequest, Reason
 MAX_DEPTH = 16  # a run request nests 4 deep, a token payload 4, a revocation 1
 MAX_NUMBER_CHARS = 32  # Unix times and TTLs need 10; nobody needs a 4,300-digit integer
 
-# a JSON string (the unrolled form: no backtracking), and whatever is not a bracket
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+# A JSON string (the unrolled form: no backtracking), or an unterminated one up to the end of the
+# text: the parser stops there, and a match that could fail would be retried from every later
+# quote (quadratic: 64 KiB of '\"' took seconds).
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _BOM = "\ufeff"
 

@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 
 from broker.app import create_app
 from broker.jwks import KeyCache, http_fetcher
+from broker.localstack import RedisServer
 from broker.runs import RunRegistry
 from broker.settings import SHIPPED_POLICY_DIR, BrokerSettings
 from broker.verify import TokenVerifier
@@ -73,3 +74,13 @@ def broker(bootstrapped_vault: Any, redis_server: Any) -> Iterator[Broker]:
     settings = broker_settings(bootstrapped_vault, redis_server.url)
     with ThreadedServer(create_app(settings)) as server:
         yield Broker(server.url, settings, bootstrapped_vault)
+
+
+@pytest.fixture(scope="module")
+def isolated_broker(bootstrapped_vault: Any) -> Iterator[Broker]:
+    """A broker with a redis-server of its own: for fuzzing as the security team, whose
+    revocations (even of everything) must reach no other test's broker or gateway."""
+    with RedisServer() as redis:
+        settings = broker_settings(bootstrapped_vault, redis.url)
+        with ThreadedServer(create_app(settings)) as server:
+            yield Broker(server.url, settings, bootstrapped_vault)

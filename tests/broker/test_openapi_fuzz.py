@@ -10,7 +10,6 @@ input refused with 4xx, undocumented methods answered 405 with ``Allow``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -19,21 +18,15 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from broker.app import create_app
-from broker.localstack import RedisServer
 from broker.openapi import OPENAPI
-from tests.broker.conftest import broker_settings
-from tests.support.servers import ThreadedServer
+from tests.broker.conftest import Broker
 
 MAX_EXAMPLES = 25  # per operation and identity: the whole test stays well under a minute
 
 
 @pytest.fixture(scope="module")
-def fuzzed_broker(bootstrapped_vault: Any) -> Iterator[str]:
-    with RedisServer() as redis, ThreadedServer(
-        create_app(broker_settings(bootstrapped_vault, redis.url))
-    ) as server:
-        yield server.url
+def fuzzed_broker(isolated_broker: Broker) -> str:
+    return isolated_broker.url
 
 
 # the document as the module holds it (the served one is checked to be the same below):
