@@ -270,7 +270,7 @@ def genuine(broker: Broker) -> str:
 
 
 @pytest.mark.anyio
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(changes=st.tuples(CHANGES, CHANGES, CHANGES))
 async def test_any_other_spelling_of_a_valid_token_is_refused(
     broker: Broker, genuine: str, changes: tuple[Change, Change, Change]
