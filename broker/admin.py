@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aioredis
@@ -21,8 +22,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from broker.bodies import read_json_object
+from broker.openapi import DEFAULT_AUDIT_LIMIT, MAX_AUDIT_LIMIT
 from contract import audit_stream
-from contract.errors import BadRequest, NotFound, Reason, Unavailable, ValetkeyError
+from contract.errors import BadRequest, NotFound, Unavailable, ValetkeyError
 from contract.revocations import Revocation, Scope, new_revocation
 
 if TYPE_CHECKING:
@@ -98,6 +101,24 @@ def not_recorded(exc: Unavailable) -> Unavailable:
     return Unavailable(f"{exc.detail}: {NOT_RECORDED}", exc.reason, recorded=False)
 
 
+_REVOKE_KEYS = frozenset({"scope", "name", "reason"})
+_DEFAULT_WHY = "revoked by the security team"
+_AUDIT_LIMIT = re.compile(r"[0-9]{1,4}", re.ASCII)
+
+
+def revoke_request(body: dict[str, Any]) -> tuple[Scope, str, str]:
+    """(scope, name, why) from a revocation body: the checks ``broker/openapi.py`` describes."""
+    if set(body) - _REVOKE_KEYS:
+        raise BadRequest(f"unknown members {sorted(set(body) - _REVOKE_KEYS)}; allowed: scope, name, reason")
+    scope = next((s for s in Scope if s.value == body.get("scope")), None)
+    if scope is None:
+        raise BadRequest("scope must be run, runtime, upstream or all")
+    name, why = body.get("name", ""), body.get("reason", _DEFAULT_WHY)
+    if not isinstance(name, str) or not isinstance(why, str):
+        raise BadRequest("name and reason must be strings")
+    return scope, name, why or _DEFAULT_WHY
+
+
 async def revoke(request: Request) -> Response:
     try:
         return await _revoke(request)
@@ -106,17 +127,8 @@ async def revoke(request: Request) -> Response:
 
 
 async def _revoke(request: Request) -> Response:
-    from broker.app import read_json
-
     caller, svc = await _admin(request)
-    body = await read_json(request)
-    if not isinstance(body, dict) or set(body) - {"scope", "name", "reason"}:
-        raise BadRequest("body must be {scope, name, reason}")
-    try:
-        scope = Scope(str(body.get("scope")))
-    except ValueError:
-        raise BadRequest("scope must be run, runtime, upstream or all") from None
-    name, why = str(body.get("name") or ""), str(body.get("reason") or "revoked by the security team")
+    scope, name, why = revoke_request(await read_json_object(request))
     if scope is Scope.RUN:
         record = await svc.runs.get(name)
         if record is None:  # unknown here (expired, or Redis lost it): revoke the id all the same
@@ -140,12 +152,13 @@ async def _revoke(request: Request) -> Response:
 async def lift(request: Request) -> Response:
     try:
         caller, svc = await _admin(request)
-        try:
-            scope = Scope(request.path_params.get("scope", "all"))
-        except ValueError:
-            raise BadRequest("scope must be runtime, upstream or all") from None
-        name = request.path_params.get("name", "")
-        revocation = await svc.revocations.lift(scope, name, caller.name)
+        raw_scope, name = request.path_params.get("scope", "all"), request.path_params.get("name", "")
+        if raw_scope == Scope.RUN.value:
+            raise BadRequest("a run revocation cannot be lifted; mint a new run")
+        scope = {"runtime": Scope.RUNTIME, "upstream": Scope.UPSTREAM}.get(raw_scope)
+        if scope is None and not (raw_scope == "all" and not name):  # only DELETE .../all lifts all
+            raise BadRequest("scope must be runtime or upstream (DELETE /v1/revocations/all lifts all)")
+        revocation = await svc.revocations.lift(scope or Scope.ALL, name, caller.name)
     except Unavailable as exc:
         raise Unavailable(f"{exc.detail}: the lift was NOT recorded; the revocation still stands",
                           exc.reason, recorded=False) from None
@@ -161,13 +174,13 @@ async def list_revocations(request: Request) -> Response:
 
 async def run_audit(request: Request) -> Response:
     _, svc = await _admin(request)
+    raw_limit = request.query_params.get("limit", str(DEFAULT_AUDIT_LIMIT))
+    if not _AUDIT_LIMIT.fullmatch(raw_limit) or not 1 <= int(raw_limit) <= MAX_AUDIT_LIMIT:
+        raise BadRequest(f"limit must be a whole number from 1 to {MAX_AUDIT_LIMIT}")
+    limit = int(raw_limit)
     run_id = request.path_params["run_id"]
     record = await svc.runs.get(run_id)
     since = float(record.created - 5) if record else None
-    try:
-        limit = min(int(request.query_params.get("limit", "500")), 5000)
-    except ValueError:
-        raise BadRequest("limit must be a whole number", Reason.INVALID_REQUEST) from None
     entries = await audit_stream.query(svc.redis, audit_stream.Filter(run=run_id), since=since, limit=limit)
     return JSONResponse({"run_id": run_id, "entries": entries})
 

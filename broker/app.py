@@ -24,12 +24,13 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Match, Route
 
 from broker import bundle
 from broker.admin import ROUTES as ADMIN_ROUTES
 from broker.admin import end_run_artifacts
 from broker.admission import Admission
+from broker.bodies import read_json_object
 from broker.callers import Caller, CallerAuthenticator
 from broker.grants import parse_run_request
 from broker.openapi import OPENAPI
@@ -39,14 +40,13 @@ from broker.settings import BrokerSettings
 from broker.signer import TransitSigner
 from contract import audit_stream
 from contract.claims import AccessClaims
-from contract.errors import BadRequest, Forbidden, NotFound, PayloadTooLarge, Reason, ValetkeyError
+from contract.errors import Forbidden, NotFound, Reason, ValetkeyError
 from contract.jwks import jwks_from_transit
 from contract.revocations import RevocationStore
 from contract.vault import VaultClient
 from policies.load import load_policy_dir
 from policies.model import PolicySet
 
-MAX_BODY = 64 * 1024
 REDIS_POOL_WAIT = 5.0  # seconds a Redis call may wait for a free connection of the pool
 log = logging.getLogger("valetkey.broker")
 
@@ -101,21 +101,6 @@ def services(request: Request) -> Services:
     return svc
 
 
-async def read_json(request: Request) -> Any:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY:
-        raise PayloadTooLarge(f"request body is larger than {MAX_BODY} bytes")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY:
-            raise PayloadTooLarge(f"request body is larger than {MAX_BODY} bytes")
-    try:
-        return json.loads(body)
-    except ValueError:
-        raise BadRequest("request body is not valid JSON") from None
-
-
 async def authenticate(request: Request) -> Caller:
     return await services(request).callers.authenticate(request.headers)
 
@@ -125,7 +110,7 @@ async def create_run(request: Request) -> Response:
     caller = await authenticate(request)
     runtime = caller.require_runtime()
     run_request = parse_run_request(
-        await read_json(request), runtime, svc.policies, svc.settings.default_ttl
+        await read_json_object(request), runtime, svc.policies, svc.settings.default_ttl
     )
     block = await svc.revocations.blocking(runtime.name, run_request.by_upstream)
     if block is not None:
@@ -211,10 +196,21 @@ async def on_valetkey_error(request: Request, exc: Exception) -> Response:
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
 
+def allowed_methods(request: Request) -> str:
+    """Every method some route serves at this path (a path's methods may be split over routes)."""
+    methods: set[str] = set()
+    for route in request.app.routes:
+        if isinstance(route, Route) and route.methods and route.matches(request.scope)[0] != Match.NONE:
+            methods |= route.methods
+    return ", ".join(sorted(methods))
+
+
 async def on_http_error(request: Request, exc: Exception) -> Response:
     status = exc.status_code if isinstance(exc, HTTPException) else 500
     code = {404: Reason.NOT_FOUND, 405: Reason.METHOD_NOT_ALLOWED}.get(status, Reason.INVALID_REQUEST)
-    return JSONResponse({"error": code.value, "detail": f"HTTP {status}"}, status_code=status)
+    headers = {"Allow": allowed_methods(request)} if status == 405 else None  # RFC 9110 15.5.6
+    return JSONResponse({"error": code.value, "detail": f"HTTP {status}"}, status_code=status,
+                        headers=headers)
 
 
 async def on_unexpected(request: Request, exc: Exception) -> Response:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Any
 ALGORITHM = "Ed25519"  # RFC 9864 fully-specified name (EdDSA is deprecated there)
 TOKEN_TYPE = "at+jwt"  # noqa: S105 - the JWT typ header value
 MAX_TOKEN_BYTES = 4096
+_B64URL = re.compile(r"[A-Za-z0-9_-]*")
 REQUIRED_CLAIMS = ("iss", "sub", "aud", "exp", "nbf", "iat", "jti", "client_id", "grants")
 
 
@@ -68,6 +70,20 @@ class AccessClaims:
 
 def b64url(raw: bytes) -> str:
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def b64url_decode(text: str) -> bytes:
+    """The bytes of canonical unpadded base64url (RFC 7515 section 2), else ``ValueError``.
+
+    Canonical: only the 64-character alphabet, no padding or whitespace, and zero trailing bits,
+    so each byte string has exactly one spelling (``...Q`` and ``...R`` may decode alike, but
+    only one of them is what ``b64url`` writes)."""
+    if not _B64URL.fullmatch(text) or len(text) % 4 == 1:
+        raise ValueError("not base64url")
+    raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    if b64url(raw) != text:
+        raise ValueError("base64url with non-zero trailing bits")
+    return raw
 
 
 def compact_json(value: Mapping[str, Any]) -> bytes:

@@ -34,6 +34,9 @@ class Reason(StrEnum):
     INVALID_REQUEST = "invalid_request"
     CLIENT_DISCONNECTED = "client_disconnected"
     BODY_TOO_LARGE = "body_too_large"
+    INVALID_JSON = "invalid_json"  # contract/strictjson.py: not UTF-8 JSON, not an object, NaN...
+    DUPLICATE_MEMBER = "duplicate_member"  # a member name twice in one JSON object
+    JSON_TOO_DEEP = "json_too_deep"
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     # caller identity

@@ -3,9 +3,14 @@
 Two explicit steps, as in joserfc: (1) the JWS — size cap, strict structure, header with exact
 ``typ``, allowlisted ``alg`` and a known ``kid``, signature; (2) the claims — required members
 present and typed, ``iss`` exact, one audience equal to the verifier's, exp/nbf/iat with a small
-leeway and injectable ``now``. Then the run must be live. JSON with duplicate member names is
-refused (parsers disagree on which one wins). Every failure is ``TokenInvalid`` with ``check``
-naming the step; the audience failure carries reason ``audience_mismatch``.
+leeway and injectable ``now``. Then the run must be live.
+
+A token has one spelling: every segment is canonical base64url (no padding, zero trailing bits),
+and header and payload are UTF-8 JSON objects in the one strict profile of ``contract.strictjson``
+(no BOM, no member name twice — parsers disagree on which one wins —, no NaN, bounded depth and
+numbers). Every failure is ``TokenInvalid`` with ``check`` naming the step (``size``, ``format``,
+``encoding``, ``json``, then the header member or claim); the audience failure carries reason
+``audience_mismatch``.
 
 Signature results are cached by token hash (never the raw token), so a repeated token costs a
 dict lookup; time, audience and run checks still run on every call.
@@ -18,9 +23,6 @@ joserfc still imports the JWKS keys (``contract/jwks.py``).
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import re
 import time
 from collections import OrderedDict
@@ -37,18 +39,20 @@ from contract.claims import (
     TOKEN_TYPE,
     AccessClaims,
     GrantClaim,
+    b64url_decode,
     params_view,
 )
-from contract.errors import Reason, TokenInvalid
+from contract.errors import BadRequest, Reason, TokenInvalid
 from contract.jwks import KeyCache
 from contract.secret import token_hash
+from contract.strictjson import parse_object
 
 ALGORITHMS = (ALGORITHM,)
 DEFAULT_LEEWAY = 30
 MAX_LIFETIME = 24 * 3600
 CACHE_SIZE = 10_000
 _SEGMENT = re.compile(r"^[A-Za-z0-9_-]+$")
-_FORBIDDEN_HEADERS = ("crit", "jku", "jwk", "x5u", "x5c", "b64", "zip")
+_HEADER_MEMBERS = frozenset({"alg", "kid", "typ"})  # exactly what TransitSigner writes
 
 RunCheck = Callable[[AccessClaims], Awaitable[None]]
 
@@ -57,40 +61,36 @@ def _fail(check: str, detail: str) -> TokenInvalid:
     return TokenInvalid(f"token rejected: {detail}", check=check)
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate member {key!r}")
-        out[key] = value
-    return out
+def _decode(segment: str, what: str) -> bytes:
+    try:
+        return b64url_decode(segment)
+    except ValueError as exc:
+        raise _fail("encoding", f"{what} is not canonical base64url ({exc})") from None
 
 
 def _segment_json(segment: str, what: str) -> dict[str, Any]:
     try:
-        raw = base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4))
-        value = json.loads(raw, object_pairs_hook=_no_duplicates)
-    except (binascii.Error, ValueError, UnicodeDecodeError) as exc:
-        raise _fail("format", f"{what} is not valid JSON ({exc})") from None
-    if not isinstance(value, dict):
-        raise _fail("format", f"{what} is not a JSON object")
-    return value
+        return parse_object(_decode(segment, what), what)
+    except BadRequest as exc:
+        raise _fail("json", exc.detail) from None
 
 
 def parse_header(token: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Structure and header checks; returns (header, payload) decoded with duplicate refusal."""
+    """Structure, encoding and header checks; returns (header, payload), each decoded from
+    canonical base64url and parsed in the one JSON profile (``contract.strictjson``)."""
     if len(token) > MAX_TOKEN_BYTES:
         raise _fail("size", f"longer than {MAX_TOKEN_BYTES} bytes")
     parts = token.split(".")
     if len(parts) != 3 or not all(_SEGMENT.fullmatch(p) for p in parts):
         raise _fail("format", "not a compact JWS with three base64url segments")
+    _decode(parts[2], "signature")  # every segment has one spelling, the signature too
     header = _segment_json(parts[0], "header")
     payload = _segment_json(parts[1], "payload")
     if header.get("typ") != TOKEN_TYPE:
         raise _fail("typ", f"typ must be {TOKEN_TYPE!r}")
     if header.get("alg") not in ALGORITHMS:
         raise _fail("alg", f"alg must be one of {list(ALGORITHMS)}")
-    if any(name in header for name in _FORBIDDEN_HEADERS):
+    if set(header) != _HEADER_MEMBERS:  # crit, jku, jwk, x5u, b64, zip... and anything unknown
         raise _fail("header", "header carries a member valetkey never issues")
     if not isinstance(header.get("kid"), str) or not header["kid"]:
         raise _fail("kid", "header has no kid")
@@ -169,11 +169,11 @@ def verify_signature(token: str, public_key: object) -> None:
         raise _fail("kid", "signing key is not an Ed25519 key")
     signing_input, _, encoded = token.rpartition(".")
     try:
-        signature = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
+        signature = b64url_decode(encoded)
         if len(signature) != 64:
             raise InvalidSignature
         public_key.verify(signature, signing_input.encode("ascii"))
-    except (InvalidSignature, binascii.Error, ValueError) as exc:
+    except (InvalidSignature, ValueError) as exc:
         raise _fail("signature", f"signature does not verify ({type(exc).__name__})") from None
 
 

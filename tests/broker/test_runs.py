@@ -113,8 +113,8 @@ def test_mint_refusals(broker: Broker, runtime: str, body: dict[str, Any], statu
 
 
 RAW_REFUSALS = [
-    pytest.param(b"{not json", {}, 400, "invalid_request", id="invalid-json"),
-    pytest.param(b"[]", {}, 400, "invalid_request", id="json-array"),
+    pytest.param(b"{not json", {}, 400, "invalid_json", id="invalid-json"),
+    pytest.param(b"[]", {}, 400, "invalid_json", id="json-array"),
     pytest.param(b'{"grants": [' + b'{"upstream": "x", "purpose": "y"},' * 5000 + b"{}]}", {}, 413,
                  "body_too_large", id="oversized-body"),
 ]

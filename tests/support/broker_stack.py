@@ -18,6 +18,7 @@ from contract.jwks import KeyCache, http_fetcher
 from contract.verify import TokenVerifier
 from policies.load import SHIPPED_POLICY_DIR
 from tests.support.servers import ThreadedServer
+from valetkey.dev.services import RedisServer
 
 ISSUER = "http://broker.valetkey.test"
 
@@ -74,3 +75,13 @@ def broker(bootstrapped_vault: Any, redis_server: Any) -> Iterator[Broker]:
     settings = broker_settings(bootstrapped_vault, redis_server.url)
     with ThreadedServer(create_app(settings)) as server:
         yield Broker(server.url, settings, bootstrapped_vault)
+
+
+@pytest.fixture(scope="module")
+def isolated_broker(bootstrapped_vault: Any) -> Iterator[Broker]:
+    """A broker with a redis-server of its own: for fuzzing as the security team, whose
+    revocations (even of everything) must reach no other test's broker or gateway."""
+    with RedisServer() as redis:
+        settings = broker_settings(bootstrapped_vault, redis.url)
+        with ThreadedServer(create_app(settings)) as server:
+            yield Broker(server.url, settings, bootstrapped_vault)
