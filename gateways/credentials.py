@@ -13,6 +13,7 @@ from urllib.parse import parse_qsl, urlencode
 
 from broker.errors import Reason, Unauthenticated
 from broker.secret import Secret
+from policies.credential_names import is_credential_name
 from policies.model import Injection, Placement
 
 Headers = list[tuple[bytes, bytes]]
@@ -98,7 +99,8 @@ def extract_placeholder(injection: Injection, headers: Headers, query: bytes, re
 
 
 def forwarded_headers(headers: Headers, injection: Injection) -> Headers:
-    """Client headers minus every credential, hop-by-hop and routing header."""
+    """Client headers minus every credential (the listed ones and every credential-named one,
+    ``X-Service-Token``…), hop-by-hop and routing header."""
     named_hop = {
         part.strip().lower().encode()
         for k, v in headers if k == b"connection"
@@ -108,7 +110,7 @@ def forwarded_headers(headers: Headers, injection: Injection) -> Headers:
     return [
         (k, v) for k, v in headers
         if k not in STRIPPED and k not in named_hop and k not in injected
-        and not k.startswith(STRIPPED_PREFIXES)
+        and not k.startswith(STRIPPED_PREFIXES) and not is_credential_name(k.decode("latin-1"))
     ]
 
 

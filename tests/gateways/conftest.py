@@ -59,6 +59,7 @@ purposes:
     methods: [POST]
     paths: [/v1/blobs]
     limits: {max_body: 64KiB}
+    allow_fields: [password]
 """
 
 

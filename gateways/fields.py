@@ -1,0 +1,204 @@
+"""Find a value sent under a credential-named parameter or field, whatever the value looks like.
+
+``gateways/patterns.py`` finds credentials by their shape; an internal service's key or a password
+has none. This finds them by the name they are sent under (``policies/credential_names.py``):
+
+- each query parameter (split on ``&`` and ``;``), its name raw and percent-decoded twice;
+- each ``application/x-www-form-urlencoded`` field, the same way;
+- each ``multipart/form-data`` part, by the ``name`` of its Content-Disposition (raw and
+  percent-decoded), and its content walked again by the part's own type (a JSON part);
+- each member of a JSON document at any depth, duplicates included (the upstream may read either);
+  a JSON content type that does not parse is searched for ``"name": value`` members instead;
+- a body of any other declared type that parses as JSON (``curl -d '{...}'`` sends JSON as a
+  form) is walked as JSON too.
+
+A value counts when it is a non-empty string or a number, or an array holding one (at any depth).
+An empty value is no credential and passes; so does ``null``, ``true``/``false``, and an object
+under a credential name, which is walked for its own members (``"auth": {"type": "oauth"}``).
+A run token under such a name is refused like any other value: the upstream never sees one.
+
+Exempt: the query parameter the policy injects (``inject: {query: key}``; it holds the placeholder
+and the secret replaces it) by its exact decoded name, and the names a purpose lists in
+``allow_fields``. A ``Finding`` names the place and the field, never the value.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from email.message import Message
+from email.parser import BytesHeaderParser
+from email.utils import collapse_rfc2231_value
+from urllib.parse import unquote_plus
+
+from gateways.patterns import Finding, media_type, percent_decoded
+from policies.credential_names import is_credential_name, normalised
+from policies.model import Injection, Placement, Purpose
+
+NAMED = "credential_name"  # the Finding's pattern: found by name, not by shape
+MAX_DEPTH = 4  # multipart parts inside multipart parts
+_LABEL = re.compile(r"[A-Za-z0-9_.\-\[\]]{1,64}")
+_LOOSE_MEMBER = re.compile(rb'"((?:[^"\\\r\n]|\\.){1,256})"\s*:\s*(?:"(?:[^"\\]|\\.)|-?[0-9])')
+
+
+@dataclass(frozen=True)
+class FieldRules:
+    """What is exempt for one request: the injected query parameter, the purpose's allowed names."""
+
+    injected_param: str = ""
+    allowed: frozenset[str] = frozenset()  # normalised names
+
+    @classmethod
+    def of(cls, injection: Injection, purpose: Purpose | None) -> FieldRules:
+        param = injection.param if injection.placement is Placement.QUERY else ""
+        return cls(param, purpose.allow_fields if purpose is not None else frozenset())
+
+    def refuses(self, names: list[str], flat: bool) -> bool:
+        """Is any form of a name credential-named and not allowed?"""
+        return any(is_credential_name(n, flat) and normalised(n) not in self.allowed for n in names)
+
+
+def label(name: str) -> str:
+    """The field name for the audit line when it is a plain short name, else a stand-in."""
+    return name if _LABEL.fullmatch(name) else "<redacted>"
+
+
+def _forms(raw: bytes) -> list[str]:
+    return [form.decode("utf-8", "replace") for form in percent_decoded(raw)]
+
+
+def find_in_query(raw_query: bytes, rules: FieldRules) -> Finding | None:
+    return _find_pairs(raw_query, "query", rules)
+
+
+def _find_pairs(raw: bytes, where: str, rules: FieldRules) -> Finding | None:
+    for pair in re.split(rb"[&;]", raw):
+        name, _, value = pair.partition(b"=")
+        if not value:
+            continue
+        once = unquote_plus(name.decode("latin-1"))  # as parse_qsl reads it (credentials.inject)
+        if where == "query" and rules.injected_param and once == rules.injected_param:
+            continue
+        forms = _forms(name)
+        if rules.refuses(forms, flat=True):
+            return Finding(f"{where}:{label(forms[-1])}", NAMED)
+    return None
+
+
+def find_in_body(body: bytes, content_type: str, rules: FieldRules, depth: int = 0) -> Finding | None:
+    """The first credential-named field of ``body`` read as ``content_type`` (and as JSON if it
+    parses as JSON whatever its type)."""
+    if not body:
+        return None
+    kind = media_type(content_type)
+    if kind == "application/json" or kind.endswith("+json"):
+        return _find_json(body, "body:json", rules, strict=True)
+    finding = None
+    if kind == "application/x-www-form-urlencoded":
+        finding = _find_pairs(body, "body:form", rules)
+    elif kind.startswith("multipart/"):
+        finding = _find_multipart(body, content_type, rules, depth)
+    if finding is None and body.lstrip()[:1] in (b"{", b"["):
+        finding = _find_json(body, "body:json", rules, strict=False)
+    return finding
+
+
+class _Members(list[tuple[str, object]]):
+    """A JSON object as its members in order, duplicates kept."""
+
+
+def _plain_keys(body: bytes) -> set[bytes] | None:
+    """Every member name of a JSON text without escapes (no backslash, UTF-8), or None.
+
+    Without a backslash every ``"`` delimits a string, so splitting on it alternates structure and
+    strings, and a string is a member name exactly when the structure after it starts with ``:``.
+    One C-speed split instead of a parse: most bodies (chat requests) name no credential at all.
+    """
+    if b"\\" in body or b"\0" in body:
+        return None
+    pieces = body.split(b'"')
+    if len(pieces) % 2 == 0:
+        return None  # an unclosed string: not JSON
+    return {pieces[i] for i in range(1, len(pieces) - 1, 2) if pieces[i + 1].lstrip()[:1] == b":"}
+
+
+def _find_json(body: bytes, where: str, rules: FieldRules, strict: bool) -> Finding | None:
+    keys = _plain_keys(body)
+    if keys is not None and not rules.refuses([k.decode("utf-8", "replace") for k in keys], flat=False):
+        return None
+    try:
+        document = json.loads(body, object_pairs_hook=_Members)
+    except (ValueError, RecursionError):
+        return _find_loose_json(body, where, rules) if strict else None
+    stack: list[tuple[object, str | None]] = [(document, None)]
+    while stack:
+        node, under = stack.pop()
+        if isinstance(node, _Members):
+            for name, value in node:
+                named = name if rules.refuses([name], flat=False) else None
+                if named is not None and _is_value(value):
+                    return Finding(f"{where}:{label(named)}", NAMED)
+                stack.append((value, named if isinstance(value, list) else None))
+        elif isinstance(node, list):
+            for item in node:
+                if under is not None and _is_value(item):
+                    return Finding(f"{where}:{label(under)}", NAMED)
+                stack.append((item, under if isinstance(item, list) else None))
+    return None
+
+
+def _is_value(value: object) -> bool:
+    if isinstance(value, str):
+        return value != ""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _find_loose_json(body: bytes, where: str, rules: FieldRules) -> Finding | None:
+    """JSON that does not parse may still parse upstream: every ``"name": "x…"`` or ``"name": 1``."""
+    for match in _LOOSE_MEMBER.finditer(body):
+        raw = match.group(1)
+        try:
+            name = json.loads(b'"' + raw + b'"')
+        except ValueError:
+            name = raw.decode("utf-8", "replace")
+        if rules.refuses([name], flat=False):
+            return Finding(f"{where}:{label(name)}", NAMED)
+    return None
+
+
+def _param(headers: Message, header: str, param: str) -> str:
+    value = headers.get_param(param, header=header)
+    if value is None or isinstance(value, str):
+        return value or ""
+    return collapse_rfc2231_value(value)  # RFC 2231 ``name*=utf-8''api%5Fkey``
+
+
+def _parts(body: bytes, boundary: str) -> Iterator[tuple[Message, bytes]]:
+    """(headers, content) of each part between ``--boundary`` delimiters."""
+    for chunk in body.split(b"--" + boundary.encode("latin-1"))[1:]:
+        if chunk.startswith(b"--"):
+            return  # the close delimiter
+        head, sep, content = chunk.partition(b"\r\n\r\n")
+        if not sep:
+            head, _, content = chunk.partition(b"\n\n")
+        headers = BytesHeaderParser().parsebytes(head.lstrip(b"\r\n"))
+        yield headers, content.removesuffix(b"\n").removesuffix(b"\r")
+
+
+def _find_multipart(body: bytes, content_type: str, rules: FieldRules, depth: int) -> Finding | None:
+    outer = Message()
+    outer["content-type"] = content_type
+    boundary = _param(outer, "content-type", "boundary")
+    if not boundary or depth >= MAX_DEPTH:
+        return None
+    for headers, content in _parts(body, boundary):
+        name = _param(headers, "content-disposition", "name")
+        forms = _forms(name.encode("utf-8", "surrogateescape")) if name else []
+        if content and rules.refuses(forms, flat=True):
+            return Finding(f"body:multipart:{label(forms[-1])}", NAMED)
+        inner = find_in_body(content, headers.get("content-type", ""), rules, depth + 1)
+        if inner is not None:
+            return Finding(f"body:multipart:{inner.location.removeprefix('body:')}", NAMED)
+    return None
