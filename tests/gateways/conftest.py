@@ -17,7 +17,7 @@ import redis
 
 from broker.app import create_app
 from broker.devstack import DevVault
-from broker.localstack import OpenBaoDev, RedisServer
+from broker.localstack import OpenBaoDev, RedisServer, free_port
 from broker.settings import BrokerSettings
 from gateways.app import GatewayApp
 from gateways.server import GatewayProtocol
@@ -105,6 +105,7 @@ class Stack:
     upstreams: dict[str, EchoUpstream]
     ca_file: Path
     gateways: dict[str, ThreadedServer] = field(default_factory=dict)
+    metrics_ports: dict[str, int] = field(default_factory=dict)  # each gateway's operator listener
     raw: RawUpstream | None = None  # upstream "rawleak": a bare HTTP/1.1 server (gateway started by tests)
 
     def app(self, name: str) -> GatewayApp:
@@ -113,6 +114,10 @@ class Stack:
 
     def url(self, name: str) -> str:
         return self.gateways[name].url
+
+    def metrics(self, name: str) -> str:
+        """Prometheus text from the gateway's operator listener (never its sandbox-facing port)."""
+        return httpx.get(f"http://127.0.0.1:{self.metrics_ports[name]}/metrics").text
 
     def mint(self, grants: list[dict[str, Any]], ttl: str = "10m") -> dict[str, Any]:
         token = self.vault.runtime_token("tester")
@@ -213,7 +218,9 @@ def gateway_stack(vault: OpenBaoDev, redis_server: RedisServer,
     stack = Stack(dev, policies, broker.url, redis_server.url, echoes, ca_file, raw=raw)
     try:
         for name in PLACEMENTS:
-            stack.gateways[name] = start_gateway(stack, name)
+            stack.metrics_ports[name] = free_port()
+            stack.gateways[name] = start_gateway(
+                stack, name, VALETKEY_METRICS_LISTEN=f"127.0.0.1:{stack.metrics_ports[name]}")
         yield stack
     finally:
         for gateway in stack.gateways.values():
