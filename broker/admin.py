@@ -2,8 +2,11 @@
 
     POST   /v1/revocations                   {"scope": "run|runtime|upstream|all", "name", "reason"}
     GET    /v1/revocations                   every recorded revocation
-    DELETE /v1/revocations/{scope}/{name}    lift a runtime or upstream revocation
-    DELETE /v1/revocations/all               lift the global revocation
+    DELETE /v1/revocations/{scope}/{name}    lift a standing runtime or upstream revocation
+    DELETE /v1/revocations/all               lift the standing global revocation
+
+A lift of what does not stand is ``404 revocation_not_found`` and writes nothing; revoking or
+lifting a runtime or upstream that is not in policy is ``404 unknown_revocation_target``.
     GET    /v1/runs/{run_id}/audit           the run's audit lines (newest first)
 
 Every route needs the admin identity (the Vault policy named in settings). A revocation is
@@ -22,7 +25,7 @@ from starlette.routing import Route
 
 from broker import auditlog
 from broker.errors import BadRequest, NotFound, Reason, ValetkeyError
-from broker.revocations import Revocation, Scope, new_revocation
+from broker.revocations import Revocation, Scope, in_policy, new_revocation
 
 if TYPE_CHECKING:
     from broker.app import Services
@@ -87,9 +90,7 @@ async def revoke(request: Request) -> Response:
             revocation = await end_run_artifacts(svc, record, caller.name, why)
             await svc.runs.end(name, caller.name)
     else:
-        known = {Scope.RUNTIME: svc.policies.runtimes, Scope.UPSTREAM: svc.policies.upstreams}
-        if scope in known and name not in known[scope]:
-            raise NotFound(f"no {scope.value} {name!r} in policy")
+        _require_in_policy(svc, scope, name)
         revocation = await svc.revocations.revoke(new_revocation(scope, name, caller.name, why))
         await record_event(svc, revocation, "revoke")
     return JSONResponse(_view(revocation), status_code=201)
@@ -102,9 +103,16 @@ async def lift(request: Request) -> Response:
     except ValueError:
         raise BadRequest("scope must be runtime, upstream or all") from None
     name = request.path_params.get("name", "")
+    _require_in_policy(svc, scope, name)
     revocation = await svc.revocations.lift(scope, name, caller.name)
     await record_event(svc, revocation, "lift")
     return JSONResponse(_view(revocation))
+
+
+def _require_in_policy(svc: Services, scope: Scope, name: str) -> None:
+    """A runtime or upstream revocation names one in policy (junk ones are the reaper's)."""
+    if not in_policy(svc.policies)(scope, name):
+        raise NotFound(f"no {scope.value} {name!r} in policy", Reason.UNKNOWN_REVOCATION_TARGET)
 
 
 async def list_revocations(request: Request) -> Response:
