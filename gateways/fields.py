@@ -7,8 +7,10 @@ has none. This finds them by the name they are sent under (``policies/credential
 - each ``application/x-www-form-urlencoded`` field, the same way;
 - each ``multipart/form-data`` part, by the ``name`` of its Content-Disposition (raw and
   percent-decoded), and its content walked again by the part's own type (a JSON part);
-- each member of a JSON document at any depth, duplicates included (the upstream may read either);
-  a JSON content type that does not parse is searched for ``"name": value`` members instead;
+- each member of a JSON document at any depth, duplicates included (the upstream may read either),
+  by its own name, and by its name under its parent's when its own is the tail of a credential
+  name (``{"api": {"key": …}}`` is ``api_key``; an array passes its holder's name on); a JSON
+  content type that does not parse is searched for ``"name": value`` members instead;
 - a body of any other declared type that parses as JSON (``curl -d '{...}'`` sends JSON as a
   form) is walked as JSON too.
 
@@ -34,11 +36,12 @@ from email.utils import collapse_rfc2231_value
 from urllib.parse import unquote_plus
 
 from gateways.patterns import Finding, media_type, percent_decoded
-from policies.credential_names import is_credential_name, normalised
+from policies.credential_names import completes_a_name, credential_key
 from policies.model import Injection, Placement, Purpose
 
 NAMED = "credential_name"  # the Finding's pattern: found by name, not by shape
 MAX_DEPTH = 4  # multipart parts inside multipart parts
+MAX_PAIRS = 4096  # (parent, member) name pairs tried before a JSON text is walked instead
 _LABEL = re.compile(r"[A-Za-z0-9_.\-\[\]]{1,64}")
 _LOOSE_MEMBER = re.compile(rb'"((?:[^"\\\r\n]|\\.){1,256})"\s*:\s*(?:"(?:[^"\\]|\\.)|-?[0-9])')
 
@@ -57,7 +60,11 @@ class FieldRules:
 
     def refuses(self, names: list[str], flat: bool) -> bool:
         """Is any form of a name credential-named and not allowed?"""
-        return any(is_credential_name(n, flat) and normalised(n) not in self.allowed for n in names)
+        for name in names:
+            key = credential_key(name, flat)
+            if key is not None and key not in self.allowed:
+                return True
+        return False
 
 
 def label(name: str) -> str:
@@ -100,9 +107,15 @@ def find_in_body(body: bytes, content_type: str, rules: FieldRules, depth: int =
         finding = _find_pairs(body, "body:form", rules)
     elif kind.startswith("multipart/"):
         finding = _find_multipart(body, content_type, rules, depth)
-    if finding is None and body.lstrip()[:1] in (b"{", b"["):
+    if finding is None and _looks_like_json(body):
         finding = _find_json(body, "body:json", rules, strict=False)
     return finding
+
+
+def _looks_like_json(body: bytes) -> bool:
+    """Starts with ``{`` or ``[`` after any byte-order mark and white space (UTF-8/16/32)."""
+    head = body[:64].decode(json.detect_encoding(body[:4]), "ignore")
+    return head.lstrip("\ufeff \t\r\n")[:1] in ("{", "[")
 
 
 class _Members(list[tuple[str, object]]):
@@ -124,28 +137,42 @@ def _plain_keys(body: bytes) -> set[bytes] | None:
     return {pieces[i] for i in range(1, len(pieces) - 1, 2) if pieces[i + 1].lstrip()[:1] == b":"}
 
 
+def _pairs_could_name(keys: list[str], rules: FieldRules) -> bool:
+    """Could some member, under some other as its parent, name a credential (``api``, ``key``)?
+    Past ``MAX_PAIRS`` candidate pairs: assume so (the walk is linear, this would not be)."""
+    tails = [k for k in keys if completes_a_name(k)]
+    if len(tails) * len(keys) > MAX_PAIRS:
+        return True
+    return any(rules.refuses([f"{parent}_{tail}"], flat=False) for tail in tails for parent in keys)
+
+
 def _find_json(body: bytes, where: str, rules: FieldRules, strict: bool) -> Finding | None:
-    keys = _plain_keys(body)
-    if keys is not None and not rules.refuses([k.decode("utf-8", "replace") for k in keys], flat=False):
-        return None
+    keys = [k.decode("utf-8", "replace") for k in _plain_keys(body) or ()]
+    if keys and not rules.refuses(keys, flat=False) and not _pairs_could_name(keys, rules):
+        return None  # no member names a credential, alone or under any other: nothing to walk
     try:
         document = json.loads(body, object_pairs_hook=_Members)
     except (ValueError, RecursionError):
         return _find_loose_json(body, where, rules) if strict else None
-    stack: list[tuple[object, str | None]] = [(document, None)]
+    # (node, the credential name its array elements are under, the name of the member holding it)
+    stack: list[tuple[object, str | None, str]] = [(document, None, "")]
     while stack:
-        node, under = stack.pop()
+        node, under, parent = stack.pop()
         if isinstance(node, _Members):
             for name, value in node:
+                # a member is named by itself, or with its parent: {"api": {"key": …}} is api_key
                 named = name if rules.refuses([name], flat=False) else None
+                if named is None and parent and completes_a_name(name):
+                    combined = f"{parent}_{name}"
+                    named = combined if rules.refuses([combined], flat=False) else None
                 if named is not None and _is_value(value):
                     return Finding(f"{where}:{label(named)}", NAMED)
-                stack.append((value, named if isinstance(value, list) else None))
+                stack.append((value, named if isinstance(value, list) else None, name))
         elif isinstance(node, list):
             for item in node:
                 if under is not None and _is_value(item):
                     return Finding(f"{where}:{label(under)}", NAMED)
-                stack.append((item, under if isinstance(item, list) else None))
+                stack.append((item, under if isinstance(item, list) else None, parent))
     return None
 
 

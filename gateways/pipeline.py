@@ -55,6 +55,7 @@ REFUSED_METHODS = frozenset({"TRACE", "TRACK", "CONNECT", "DEBUG"})
 SCANNED_TYPES = ("application/json", "application/x-www-form-urlencoded", "multipart/form-data",
                  "text/plain")
 SCAN_ANY_BELOW = 1024 * 1024  # bodies this small are buffered and scanned whatever their type
+FIELDS_INLINE_BELOW = 64 * 1024  # larger bodies have their field names walked in a thread
 
 
 @dataclass
@@ -219,7 +220,11 @@ async def read_body(gw: Gateway, ex: Exchange) -> None:
         ex.record.passthrough = finding.location
         raise Forbidden(f"a real credential was sent in {finding.location}",
                         Reason.CREDENTIAL_PASSTHROUGH)
-    finding = find_in_body(ex.body, content_type, FieldRules.of(gw.upstream.injection, ex.purpose))
+    rules = FieldRules.of(gw.upstream.injection, ex.purpose)
+    if len(ex.body) <= FIELDS_INLINE_BELOW:
+        finding = find_in_body(ex.body, content_type, rules)
+    else:  # walking a large document's names takes ms: in a thread, the event loop keeps serving
+        finding = await asyncio.to_thread(find_in_body, ex.body, content_type, rules)
     if finding is not None:
         _refuse_field(ex, finding)
 

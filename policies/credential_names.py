@@ -28,7 +28,6 @@ Google's API key; in JSON, ``{"key": …, "value": …}`` pairs and Anthropic's 
 from __future__ import annotations
 
 import re
-from functools import lru_cache
 
 NAMES = frozenset({
     "apikey", "apisecret", "apitoken", "accesstoken", "accesskey", "auth", "authorization",
@@ -54,6 +53,9 @@ NOT_CREDENTIALS = frozenset({
 })
 _CHUNK = re.compile(r"[A-Za-z0-9]+")
 _WORD = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
+_NOT_ALNUM = re.compile(r"[^A-Za-z0-9]+")
+_DROP_ASCII = str.maketrans("", "", "".join(c for c in map(chr, range(128)) if not c.isalnum()))
+_WORD_ENDINGS = tuple(sorted(WORD_SUFFIXES))
 MAX_NAME = 256  # longer names are no parameter an API documents: judged by their first 256 chars
 
 
@@ -66,22 +68,37 @@ def words(name: str) -> tuple[str, ...]:
 
 
 def normalised(name: str) -> str:
-    """The form names are compared in: words joined (``API-Key`` → ``apikey``)."""
-    return "".join(words(name))
+    """The form names are compared in: words joined (``API-Key`` → ``apikey``). Words cover every
+    letter and digit, so this is the letters and digits, lower-cased, trailing digits dropped."""
+    name = name[:MAX_NAME]
+    kept = name.translate(_DROP_ASCII) if name.isascii() else _NOT_ALNUM.sub("", name)
+    return kept.lower().rstrip("0123456789")
+
+
+# what a name's words can end with and still complete a credential name behind a parent's
+# (``{"api": {"key": …}}``): every proper tail of NAMES and COMPOUND_SUFFIXES entries
+_TAILS = frozenset(e[i:] for e in NAMES | set(COMPOUND_SUFFIXES) for i in range(1, len(e)))
+
+
+def completes_a_name(name: str) -> bool:
+    """Could ``name`` be the last part of a credential name split over two levels (``key`` of
+    ``api`` → ``api_key``, ``id`` of ``session``)?"""
+    return normalised(name) in _TAILS
 
 
 def is_credential_name(name: str, flat: bool = False) -> bool:
     """Does ``name`` (already percent- or JSON-decoded) name a credential? ``flat``: a query,
     form or multipart parameter, where ``key`` and ``signature`` count too."""
-    return _judged(name[:MAX_NAME], flat)
+    return credential_key(name, flat) is not None
 
 
-@lru_cache(maxsize=4096)  # the same few names come in every request; keys are at most MAX_NAME
-def _judged(name: str, flat: bool) -> bool:
-    parts = words(name)
-    joined = "".join(parts)
+def credential_key(name: str, flat: bool = False) -> str | None:
+    """The normalised form of ``name`` if it names a credential (what ``allow_fields`` lists),
+    else None. A few string operations in C: a JSON body may hold tens of thousands of names."""
+    joined = normalised(name)
     if not joined or joined in NOT_CREDENTIALS:
-        return False
-    if joined in NAMES or (flat and joined in FLAT_NAMES):
-        return True
-    return joined.endswith(COMPOUND_SUFFIXES) or parts[-1] in WORD_SUFFIXES
+        return None
+    if (joined in NAMES or (flat and joined in FLAT_NAMES) or joined.endswith(COMPOUND_SUFFIXES)
+            or (joined.endswith(_WORD_ENDINGS) and words(name)[-1] in WORD_SUFFIXES)):  # a whole word
+        return joined
+    return None

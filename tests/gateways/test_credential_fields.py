@@ -45,6 +45,9 @@ REFUSALS = [
     pytest.param("POST", "/v1/items/42", MULTI_TYPE, MULTI_BODY, "body:multipart:api_key", id="multipart"),
     pytest.param("POST", "/v1/blobs", FORM, f"password=ok&token={OPAQUE}", "body:form:token",
                  id="allowed-field-does-not-allow-others"),
+    pytest.param("GET", "/v1/items", "application/json",
+                 json.dumps({"pad": "p" * 100_000, "cfg": {"api": {"key": OPAQUE}}}), "body:json:api_key",
+                 id="large-body-walked-in-a-thread"),
 ]
 
 

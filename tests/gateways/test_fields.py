@@ -73,6 +73,13 @@ BODIES = [
     pytest.param(JSON, json.dumps([{"password": 1234}]), NONE, "body:json:password", id="json-number"),
     pytest.param(JSON, json.dumps({"token": ["", [OPAQUE]]}), NONE, "body:json:token", id="json-array-value"),
     pytest.param(JSON, '{"api\\u005fkey": "' + OPAQUE + '"}', NONE, "body:json:api_key", id="json-escaped-name"),
+    pytest.param(JSON, json.dumps({"api": {"key": OPAQUE}}), NONE, "body:json:api_key", id="json-name-over-two-levels"),
+    pytest.param(JSON, json.dumps({"session": [{"id": OPAQUE}]}), NONE, "body:json:session_id",
+                 id="json-name-over-an-array"),
+    pytest.param(JSON, b"\xef\xbb\xbf" + json.dumps({"secret": OPAQUE}).encode(), NONE, "body:json:secret",
+                 id="json-utf8-bom"),
+    pytest.param("text/plain", json.dumps({"token": OPAQUE}).encode("utf-16"), NONE, "body:json:token",
+                 id="json-utf16-sent-as-text"),
     pytest.param(JSON, '{"note": "x", "token": "' + OPAQUE + '", "token": ""}', NONE, "body:json:token",
                  id="json-duplicate-first"),
     pytest.param(JSON, '{"token": "", "token": "' + OPAQUE + '"}', NONE, "body:json:token",
@@ -98,6 +105,9 @@ BODIES = [
                  id="anthropic-thinking-signature"),
     pytest.param(JSON, json.dumps({"tags": [{"key": "env", "value": OPAQUE}]}), NONE, None,
                  id="json-key-value-pairs"),
+    pytest.param(JSON, json.dumps({"tool_calls": [{"id": "call_1", "function": {"name": "f"}}]}), NONE, None,
+                 id="openai-tool-call-ids"),
+    pytest.param(JSON, json.dumps({"results": {"page_token": OPAQUE}}), NONE, None, id="cursor-under-a-parent"),
     pytest.param(JSON, json.dumps({"tools": [{"parameters": {"properties": {"password": {
         "type": "string"}}, "required": ["password"]}}]}), NONE, None, id="tool-schema-naming-password"),
     pytest.param(JSON, json.dumps({"token": "", "password": None, "secret": False, "auth": {"type": "x"}}),
@@ -189,21 +199,24 @@ def test_ordinary_documents_pass(document: dict[str, object]) -> None:
 
 
 KEYS = st.sampled_from(["api_key", "token", "max_tokens", "key", "model", "auth", "signature", "page_token",
-                        ":password", "a b", "content"])
+                        ":password", "a b", "content", "api", "session", "id", "tags", "x_to", "ken"])
 SCALARS = st.none() | st.booleans() | st.integers() | st.text(max_size=6)
 DOCUMENTS = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3)
                          | st.dictionaries(KEYS, inner, max_size=3), max_leaves=12)
 
 
-def _reference(node: object, under: bool = False) -> bool:
-    """The rule stated plainly: a non-empty string or a number under a credential name, or in an
-    array under one."""
-    from policies.credential_names import is_credential_name
+def _reference(node: object, under: bool = False, parent: str = "") -> bool:
+    """The rule stated plainly: a non-empty string or a number under a credential name (the
+    member's own, or, when its own is a tail of one, its parent's and its own), or in an array
+    under one."""
+    from policies.credential_names import completes_a_name, is_credential_name
 
     if isinstance(node, dict):
-        return any(_reference(v, is_credential_name(k)) for k, v in node.items())
+        return any(_reference(v, is_credential_name(k) or bool(
+            parent and completes_a_name(k) and is_credential_name(f"{parent}_{k}")), k) for k, v in node.items())
     if isinstance(node, list):
-        return any(_reference(v, under if isinstance(v, list | str | int | float) else False) for v in node)
+        return any(_reference(v, under if isinstance(v, list | str | int | float) else False, parent)
+                   for v in node)
     scalar = (isinstance(node, str) and node != "") or (isinstance(node, int | float) and not isinstance(node, bool))
     return under and scalar
 
