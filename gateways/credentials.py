@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+from functools import lru_cache
 from urllib.parse import parse_qsl, urlencode
 
 from broker.errors import Reason, Unauthenticated
 from broker.secret import Secret
-from policies.credential_names import is_credential_name
+from policies.credential_names import MAX_NAME, is_credential_name
 from policies.model import Injection, Placement
 
 Headers = list[tuple[bytes, bytes]]
@@ -110,8 +111,13 @@ def forwarded_headers(headers: Headers, injection: Injection) -> Headers:
     return [
         (k, v) for k, v in headers
         if k not in STRIPPED and k not in named_hop and k not in injected
-        and not k.startswith(STRIPPED_PREFIXES) and not is_credential_name(k.decode("latin-1"))
+        and not k.startswith(STRIPPED_PREFIXES) and not _credential_header(k[:MAX_NAME])
     ]
+
+
+@lru_cache(maxsize=1024)  # the same few header names come with every request
+def _credential_header(name: bytes) -> bool:
+    return is_credential_name(name.decode("latin-1"))
 
 
 def inject(headers: Headers, query: bytes, injection: Injection, secret: Secret) -> tuple[Headers, bytes]:
