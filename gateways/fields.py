@@ -30,10 +30,7 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from email.message import Message
-from email.parser import BytesHeaderParser
-from email.utils import collapse_rfc2231_value
-from urllib.parse import unquote_plus
+from urllib.parse import unquote, unquote_plus
 
 from gateways.patterns import Finding, media_type, percent_decoded
 from policies.credential_names import completes_a_name, credential_key
@@ -195,36 +192,51 @@ def _find_loose_json(body: bytes, where: str, rules: FieldRules) -> Finding | No
     return None
 
 
-def _param(headers: Message, header: str, param: str) -> str:
-    value = headers.get_param(param, header=header)
-    if value is None or isinstance(value, str):
-        return value or ""
-    return collapse_rfc2231_value(value)  # RFC 2231 ``name*=utf-8''api%5Fkey``
+_HEADER = re.compile(rb"^([A-Za-z0-9-]+)[ \t]*:(.*)$", re.M)
+_PARAM = re.compile(r';\s*([^=\s;]+)\s*=\s*("(?:[^"\\]|\\.)*"|[^;]*)')
 
 
-def _parts(body: bytes, boundary: str) -> Iterator[tuple[Message, bytes]]:
-    """(headers, content) of each part between ``--boundary`` delimiters."""
+def _params(value: str, wanted: str) -> list[str]:
+    """Every value of parameter ``wanted`` in ``form-data; name="a"; name*=utf-8''%61``, quotes
+    and RFC 2231 encoding undone: ``name`` and ``name*`` both (an upstream may read either)."""
+    out: list[str] = []
+    for key, raw in _PARAM.findall(value):
+        key, raw = key.lower(), raw.strip()
+        if key.rstrip("*") != wanted:
+            continue
+        if raw.startswith('"') and raw.endswith('"') and len(raw) >= 2:
+            raw = re.sub(r"\\(.)", r"\1", raw[1:-1])
+        if key.endswith("*"):
+            charset, _, rest = raw.partition("'")
+            raw = unquote(rest.partition("'")[2], encoding=charset or "utf-8", errors="replace")
+        out.append(raw)
+    return out
+
+
+def _parts(body: bytes, boundary: str) -> Iterator[tuple[dict[str, str], bytes]]:
+    """(lower-cased headers, content) of each part between ``--boundary`` delimiters. A regex
+    per part head, not the email parser: a 16 MiB body may hold hundreds of thousands of parts."""
     for chunk in body.split(b"--" + boundary.encode("latin-1"))[1:]:
         if chunk.startswith(b"--"):
             return  # the close delimiter
         head, sep, content = chunk.partition(b"\r\n\r\n")
         if not sep:
             head, _, content = chunk.partition(b"\n\n")
-        headers = BytesHeaderParser().parsebytes(head.lstrip(b"\r\n"))
+        headers: dict[str, str] = {}
+        for name, value in _HEADER.findall(head):
+            headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1").strip())
         yield headers, content.removesuffix(b"\n").removesuffix(b"\r")
 
 
 def _find_multipart(body: bytes, content_type: str, rules: FieldRules, depth: int) -> Finding | None:
-    outer = Message()
-    outer["content-type"] = content_type
-    boundary = _param(outer, "content-type", "boundary")
-    if not boundary or depth >= MAX_DEPTH:
+    boundaries = _params(content_type, "boundary")
+    if not boundaries or not boundaries[0] or depth >= MAX_DEPTH:
         return None
-    for headers, content in _parts(body, boundary):
-        name = _param(headers, "content-disposition", "name")
-        forms = _forms(name.encode("utf-8", "surrogateescape")) if name else []
-        if content and rules.refuses(forms, flat=True):
-            return Finding(f"body:multipart:{label(forms[-1])}", NAMED)
+    for headers, content in _parts(body, boundaries[0]):
+        for name in _params(headers.get("content-disposition", ""), "name"):
+            forms = _forms(name.encode("utf-8", "surrogateescape"))
+            if content and rules.refuses(forms, flat=True):
+                return Finding(f"body:multipart:{label(forms[-1])}", NAMED)
         inner = find_in_body(content, headers.get("content-type", ""), rules, depth + 1)
         if inner is not None:
             return Finding(f"body:multipart:{inner.location.removeprefix('body:')}", NAMED)
