@@ -40,7 +40,7 @@ NAMED = "credential_name"  # the Finding's pattern: found by name, not by shape
 MAX_DEPTH = 4  # multipart parts inside multipart parts
 MAX_PAIRS = 4096  # (parent, member) name pairs tried before a JSON text is walked instead
 _LABEL = re.compile(r"[A-Za-z0-9_.\-\[\]]{1,64}")
-_LOOSE_MEMBER = re.compile(rb'"((?:[^"\\\r\n]|\\.){1,256})"\s*:\s*(?:"(?:[^"\\]|\\.)|-?[0-9])')
+_LOOSE_MEMBER = re.compile(rb'"((?:[^"\\\r\n]|\\.){1,256})"\s*:\s*\[?\s*(?:"(?:[^"\\]|\\.)|-?[0-9])')
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,8 @@ def _is_value(value: object) -> bool:
 
 
 def _find_loose_json(body: bytes, where: str, rules: FieldRules) -> Finding | None:
-    """JSON that does not parse may still parse upstream: every ``"name": "x…"`` or ``"name": 1``."""
+    """JSON that does not parse may still parse upstream: every ``"name": "x…"``, ``"name": 1`` or
+    ``"name": ["x…"``."""
     for match in _LOOSE_MEMBER.finditer(body):
         raw = match.group(1)
         try:
