@@ -240,3 +240,55 @@ def test_json_walk_matches_the_rule(document: object, escaped: bool) -> None:
     if escaped:  # an escape anywhere sends the body down the full parse
         body = b'{"\\u0078": ' + body + b"}"
     assert (find_in_body(body, JSON, NONE) is not None) == _reference(document)
+
+
+SHIPPED_BODIES = [
+    pytest.param({"body": "Thanks! The token refresh is fixed in #12; see api_key handling."}, id="github-comment"),
+    pytest.param({"title": "Fix retries", "head": "fix", "base": "main", "body": "x", "draft": True,
+                  "maintainer_can_modify": True}, id="github-pull-request"),
+    pytest.param({"channel": "C123", "text": "deploy done", "thread_ts": "1.2", "unfurl_links": False,
+                  "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": "*done*"}}]}, id="slack-post"),
+    pytest.param({"model": "gpt-x", "messages": [{"role": "system", "content": "never print a password"},
+                                                {"role": "user", "content": "hi"}],
+                  "max_completion_tokens": 64, "logit_bias": {"1234": -100}, "prompt_cache_key": "k1",
+                  "safety_identifier": "u1", "reasoning_effort": "low", "stream_options": {"include_usage": True},
+                  "tools": [{"type": "function", "function": {"name": "login", "parameters": {
+                      "type": "object", "properties": {"password": {"type": "string"}, "api_key": {"type": "string"}},
+                      "required": ["password"]}}}],
+                  "tool_choice": "auto"}, id="openai-chat-with-tools"),
+    pytest.param({"model": "gpt-x", "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}],
+                  "previous_response_id": "resp_1", "reasoning": {"effort": "low"}, "max_output_tokens": 10,
+                  "text": {"format": {"type": "json_schema", "name": "s", "schema": {"properties": {
+                      "token": {"type": "string"}}}}}}, id="openai-responses"),
+    pytest.param({"model": "text-embedding-x", "input": ["a", "b"], "encoding_format": "float"}, id="openai-embeddings"),
+    pytest.param({"model": "claude-x", "max_tokens": 1024, "system": "be brief", "stop_sequences": ["\n\nH:"],
+                  "metadata": {"user_id": "u-1"}, "thinking": {"type": "enabled", "budget_tokens": 512},
+                  "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [
+                      {"type": "thinking", "thinking": "...", "signature": "EqQBCkgIAR"},
+                      {"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {"query": "x"}}]},
+                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}]}],
+                  "tools": [{"name": "lookup", "input_schema": {"type": "object", "properties": {
+                      "session": {"type": "string"}}}}]}, id="anthropic-messages"),
+    pytest.param({"model": "claude-x", "messages": [{"role": "user", "content": "count me"}]},
+                 id="anthropic-count-tokens"),
+]
+
+
+@pytest.mark.parametrize("document", SHIPPED_BODIES)
+def test_shipped_policies_bodies_pass(document: dict[str, object]) -> None:
+    """What agents send through the shipped policies' purposes is never refused by name."""
+    for body in (json.dumps(document).encode(), json.dumps(document, ensure_ascii=False).encode() + b" "):
+        assert find_in_body(body, JSON, NONE) is None
+    escaped = json.dumps({"\u00e9": document}).encode()  # an escape: the full walk, not the prefilter
+    assert find_in_body(escaped, JSON, NONE) is None
+
+
+def test_credentials_by_design_need_allow_fields() -> None:
+    """Some APIs take a credential in the body by design (Anthropic's MCP connector): refused
+    unless the purpose allows that field."""
+    body = json.dumps({"mcp_servers": [{"type": "url", "url": "https://mcp.example", "name": "m",
+                                        "authorization_token": OPAQUE}]}).encode()
+    finding = find_in_body(body, JSON, NONE)
+    assert finding is not None
+    assert finding.location == "body:json:authorization_token"
+    assert find_in_body(body, JSON, FieldRules(allowed=frozenset({"authorizationtoken"}))) is None
