@@ -2,8 +2,11 @@
 
     POST   /v1/revocations                   {"scope": "run|runtime|upstream|all", "name", "reason"}
     GET    /v1/revocations                   every recorded revocation
-    DELETE /v1/revocations/{scope}/{name}    lift a runtime or upstream revocation
-    DELETE /v1/revocations/all               lift the global revocation
+    DELETE /v1/revocations/{scope}/{name}    lift a standing runtime or upstream revocation
+    DELETE /v1/revocations/all               lift the standing global revocation
+
+A lift of what does not stand is ``404 revocation_not_found`` and writes nothing; revoking or
+lifting a runtime or upstream that is not in policy is ``404 unknown_revocation_target``.
     GET    /v1/runs/{run_id}/audit           the run's audit lines (newest first)
 
 Every route needs the admin identity (the Vault policy named in settings). A revocation is
@@ -25,8 +28,8 @@ from starlette.routing import Route
 from broker.bodies import read_json_object
 from broker.openapi import DEFAULT_AUDIT_LIMIT, MAX_AUDIT_LIMIT
 from contract import audit_stream
-from contract.errors import BadRequest, NotFound, Unavailable, ValetkeyError
-from contract.revocations import Revocation, Scope, new_revocation
+from contract.errors import BadRequest, NotFound, Reason, Unavailable, ValetkeyError
+from contract.revocations import Revocation, Scope, in_policy, new_revocation
 
 if TYPE_CHECKING:
     from broker.app import Services
@@ -141,9 +144,7 @@ async def _revoke(request: Request) -> Response:
             except Unavailable as exc:  # recorded and in force; only the run record still says active
                 log.warning('{"event":"run_end_failed","run":"%s","reason":"%s"}', name, exc.code)
     else:
-        known = {Scope.RUNTIME: svc.policies.runtimes, Scope.UPSTREAM: svc.policies.upstreams}
-        if scope in known and name not in known[scope]:
-            raise NotFound(f"no {scope.value} {name!r} in policy")
+        _require_in_policy(svc, scope, name)
         revocation = await svc.revocations.revoke(new_revocation(scope, name, caller.name, why))
         await record_event(svc, revocation, "revoke")
     return JSONResponse({**_view(revocation), "recorded": True}, status_code=201)
@@ -158,12 +159,19 @@ async def lift(request: Request) -> Response:
         scope = {"runtime": Scope.RUNTIME, "upstream": Scope.UPSTREAM}.get(raw_scope)
         if scope is None and not (raw_scope == "all" and not name):  # only DELETE .../all lifts all
             raise BadRequest("scope must be runtime or upstream (DELETE /v1/revocations/all lifts all)")
+        _require_in_policy(svc, scope or Scope.ALL, name)
         revocation = await svc.revocations.lift(scope or Scope.ALL, name, caller.name)
     except Unavailable as exc:
         raise Unavailable(f"{exc.detail}: the lift was NOT recorded; the revocation still stands",
                           exc.reason, recorded=False) from None
     await record_event(svc, revocation, "lift")
     return JSONResponse({**_view(revocation), "recorded": True})
+
+
+def _require_in_policy(svc: Services, scope: Scope, name: str) -> None:
+    """A runtime or upstream revocation names one in policy (junk ones are the reaper's)."""
+    if not in_policy(svc.policies)(scope, name):
+        raise NotFound(f"no {scope.value} {name!r} in policy", Reason.UNKNOWN_REVOCATION_TARGET)
 
 
 async def list_revocations(request: Request) -> Response:

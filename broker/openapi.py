@@ -204,11 +204,16 @@ OPENAPI: dict[str, Any] = {
                         **_errors(401, 403)}},
         },
         "/v1/revocations/{scope}/{name}": {"delete": {
-            "summary": "Lift a runtime or upstream revocation (security team)", "security": _AUTH,
-            "parameters": [_SCOPE, _NAME],
+            "summary": "Lift a standing runtime or upstream revocation (security team); 404 "
+                       "revocation_not_found if none stands, unknown_revocation_target if not in policy",
+            "security": _AUTH,
+            "parameters": [{"name": "scope", "in": "path", "required": True,
+                            "schema": {"type": "string", "enum": ["runtime", "upstream"]}},
+                           {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
             "responses": {**_ok("lifted", _ref["Revocation"]), **_errors(400, 401, 403, 404, 503)}}},
         "/v1/revocations/all": {"delete": {
-            "summary": "Lift the global revocation (security team)", "security": _AUTH,
+            "summary": "Lift the standing global revocation (security team); 404 revocation_not_found "
+                       "if none stands", "security": _AUTH,
             "responses": {**_ok("lifted", _ref["Revocation"]), **_errors(401, 403, 404, 503)}}},
         "/.well-known/jwks.json": {"get": {
             "summary": "Public keys of every live signing-key version",

@@ -4,7 +4,10 @@
   a gateway) or by itself (``/.valetkey/end-run``). Whatever wrote it, the broker sees it on the
   revocation channel and finishes the job only it can do: mark the run ended in the registry and
   revoke every Vault token attached to the run (gateways have no Vault rights for that).
-* Expired revocation records are purged so the hash stays small.
+* The revocation hash is purged at start and every ``PURGE_EVERY`` seconds: expired records, and
+  junk (fields that name no scope; runtimes and upstreams not in policy, after a grace); an
+  unreadable record of a real scope is rewritten as a proper block an admin can see and lift
+  (``contract/revocations.py``).
 
 Idempotent: several broker replicas may all do it.
 """
@@ -13,13 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
 from contract.errors import ValetkeyError
-from contract.revocations import CHANNEL, Revocation, Scope
+from contract.revocations import CHANNEL, Revocation, Scope, in_policy
 
 if TYPE_CHECKING:
     from broker.app import Services
@@ -80,11 +84,12 @@ class Reaper:
 
     async def _purge(self) -> None:
         while True:
-            await asyncio.sleep(PURGE_EVERY)
             try:
-                removed = await self._svc.revocations.purge_expired()
+                counts = await self._svc.revocations.purge(in_policy(self._svc.policies))
             except ValetkeyError as exc:
                 log.warning('{"event":"revocation_purge_failed","reason":"%s"}', exc.code)
-                continue
-            if removed:
-                log.info('{"event":"revocations_purged","count":%d}', removed)
+            else:
+                if any(counts.values()):
+                    log.info(json.dumps({"event": "revocations_purged", **counts}, sort_keys=True))
+            await asyncio.sleep(PURGE_EVERY)
+

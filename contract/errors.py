@@ -60,6 +60,8 @@ class Reason(StrEnum):
     TOKEN_REVOKED = "token_revoked"  # noqa: S105 - a reason code, not a secret
     # revocation and budgets
     REVOKED = "revoked"
+    REVOCATION_NOT_FOUND = "revocation_not_found"  # lifting what does not stand
+    UNKNOWN_REVOCATION_TARGET = "unknown_revocation_target"  # a runtime or upstream not in policy
     REVOCATION_STATE_STALE = "revocation_state_stale"
     BUDGET_EXCEEDED = "budget_exceeded"
     # dependencies

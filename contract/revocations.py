@@ -9,6 +9,19 @@ A revocation has a scope: ``run:<id>``, ``runtime:<name>``, ``upstream:<name>`` 
 
 Redis holds one hash ``valetkey:revocations`` (scope → JSON record) and announces every change on
 the channel of the same name. Records are kept until the longest token they cover has expired.
+
+Reading the hash fails closed, field by field. The field (``run:<id>``, ``runtime:<name>``,
+``upstream:<name>``, ``all``) says what a record covers; every lookup goes by field, and valetkey
+writes each record under its own field. So:
+
+* a field that names a scope, with a value that does not parse or names another field: a block of
+  that field's scope (``unreadable revocation record``), never "not revoked". The broker's reaper
+  rewrites it as a proper record, which an admin can then see and lift;
+* a field that names no scope: no lookup can reach it and valetkey never writes one, so it revokes
+  nothing; it is ignored and the reaper deletes it;
+* a runtime or upstream no longer in policy: kept (it covers nothing the broker will mint) until
+  ``UNKNOWN_GRACE`` after its last change, then the reaper deletes it. The grace outlasts a rolling
+  deploy in which a replica on the newer policy may have just written it.
 """
 
 from __future__ import annotations
@@ -23,12 +36,29 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from contract.claims import AccessClaims
 from contract.errors import BadRequest, NotFound, Reason, TokenInvalid, Unavailable
+from contract.claims import AccessClaims
+from policies.model import PolicySet
 
 HASH = "valetkey:revocations"
 CHANNEL = "valetkey:revocations"
 MAX_TOKEN_LIFETIME = 24 * 3600  # policies cap run TTLs at 24h, the verifier refuses longer tokens
+UNKNOWN_GRACE = MAX_TOKEN_LIFETIME  # a record of a target not in policy is kept this long
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "scope": (str,), "name": (str,), "who": (str,), "why": (str,), "when": (int, float),
+    "not_before": (int,), "blocked": (bool,), "lifted_by": (str,), "lifted_at": (int, float),
+    "expires": (int, float),
+}
+_REQUIRED = frozenset({"scope", "name", "who", "why", "when", "not_before"})
+# KEYS[1] the hash; ARGV: field, the value read, the new value ("" deletes), the channel.
+# Changes a field only if nobody wrote it since it was read (a revoke racing the reaper wins).
+_REPLACE_IF_UNCHANGED = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+if ARGV[3] == '' then redis.call('HDEL', KEYS[1], ARGV[1]) return 1 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+redis.call('PUBLISH', ARGV[4], ARGV[3])
+return 1
+"""
 
 
 class Scope(StrEnum):
@@ -70,13 +100,49 @@ class Revocation:
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> Revocation:
-        data: dict[str, Any] = json.loads(raw)
+        """A record as valetkey writes it; anything else raises ``ValueError``."""
+        data: Any = json.loads(raw)
+        if not isinstance(data, dict) or not _REQUIRED <= set(data) <= set(_FIELD_TYPES):
+            raise ValueError("not a revocation record")
+        for key, value in data.items():
+            numeric = int in _FIELD_TYPES[key]
+            if not isinstance(value, _FIELD_TYPES[key]) or (numeric and isinstance(value, bool)):
+                raise ValueError(f"revocation record field {key!r} has the wrong type")
         data["scope"] = Scope(data["scope"])
+        if (data["scope"] is Scope.ALL) != (not data["name"]):
+            raise ValueError("a revocation names its run, runtime or upstream (and nothing for all)")
         return cls(**data)
 
 
 def key_of(scope: Scope, name: str) -> str:
     return "all" if scope is Scope.ALL else f"{scope.value}:{name}"
+
+
+def scope_of(field: str) -> tuple[Scope, str] | None:
+    """The (scope, name) a hash field names, or None if it names none."""
+    if field == "all":
+        return Scope.ALL, ""
+    kind, _, name = field.partition(":")
+    if kind not in (Scope.RUN, Scope.RUNTIME, Scope.UPSTREAM) or not name:
+        return None
+    return Scope(kind), name
+
+
+def in_policy(policies: PolicySet) -> Callable[[Scope, str], bool]:
+    """Does a runtime or upstream revocation name one in ``policies``? (Runs and all: always.)"""
+    def known(scope: Scope, name: str) -> bool:
+        if scope is Scope.RUNTIME:
+            return name in policies.runtimes
+        return scope is not Scope.UPSTREAM or name in policies.upstreams
+    return known
+
+
+def unreadable(field: str, now: float | None = None) -> Revocation | None:
+    """Fail closed: the block an unreadable value of ``field`` stands for (None: no scope)."""
+    target = scope_of(field)
+    if target is None:
+        return None
+    return new_revocation(*target, "valetkey", f"unreadable revocation record {field[:200]!r}", now=now)
 
 
 def new_revocation(scope: Scope, name: str, who: str, why: str, run_expires: float | None = None,
@@ -166,7 +232,8 @@ class RevocationStore:
         out: dict[str, Revocation] = {}
         for key, value in raw.items():
             record = self._parse(key, value)
-            out[record.key] = record
+            if record is not None:
+                out[record.key] = record
         return out
 
     async def snapshot(self) -> RevocationSet:
@@ -192,15 +259,18 @@ class RevocationStore:
         keys = ["all", key_of(Scope.RUNTIME, runtime), *(key_of(Scope.UPSTREAM, u) for u in upstreams)]
         values = await _redis(lambda: self._redis.hmget(HASH, keys))
         records = [self._parse(k, v) for k, v in zip(keys, values, strict=True) if v is not None]
-        return RevocationSet(records).blocking(runtime, upstreams)
+        return RevocationSet(r for r in records if r is not None).blocking(runtime, upstreams)
 
     @staticmethod
-    def _parse(key: str | bytes, value: str | bytes) -> Revocation:
+    def _parse(key: str | bytes, value: str | bytes) -> Revocation | None:
+        """The record under ``key``; a block of that field's scope if the value is unreadable or
+        names another field (fail closed); None if the field names no scope (see the module)."""
+        field = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
         try:
-            return Revocation.from_json(value)
+            record = Revocation.from_json(value)
         except (ValueError, TypeError, KeyError):
-            # unreadable: treat it as a block on everything rather than ignore it (fail closed)
-            return new_revocation(Scope.ALL, "", "valetkey", f"unreadable revocation record {key!r}")
+            return unreadable(field)
+        return record if record.key == field else unreadable(field)
 
     async def revoke(self, record: Revocation) -> Revocation:
         existing = await self.get(record.key)
@@ -210,19 +280,56 @@ class RevocationStore:
         return await self.put(record)
 
     async def lift(self, scope: Scope, name: str, who: str) -> Revocation:
-        """Lift explicitly. With no record (Redis lost it) a lifted record is written anyway, so
-        replicas still blocking from memory are released; tokens up to now stay revoked."""
+        """Lift a standing record. Nothing standing: ``404 revocation_not_found`` and nothing is
+        written (a lifted record of nothing would revoke every token issued up to now). A replica
+        still blocking from memory after Redis lost the record is released by revoking the same
+        scope again, then lifting it."""
         if scope is Scope.RUN:
             raise BadRequest("a run revocation cannot be lifted; mint a new run", Reason.INVALID_REQUEST)
+        if (scope is Scope.ALL) != (not name):
+            raise BadRequest("name the runtime or upstream (and nothing for all)", Reason.INVALID_REQUEST)
         existing = await self.get(key_of(scope, name))
-        if existing is not None and not existing.blocked:
-            raise NotFound(f"no standing revocation of {key_of(scope, name)}")
-        base = existing or new_revocation(scope, name, who, "lifted without a record (state was lost)")
-        return await self.put(replace(base, blocked=False, lifted_by=who, lifted_at=time.time()))
+        if existing is None or not existing.blocked:
+            raise NotFound(f"no standing revocation of {key_of(scope, name)}", Reason.REVOCATION_NOT_FOUND)
+        return await self.put(replace(existing, blocked=False, lifted_by=who, lifted_at=time.time()))
 
-    async def purge_expired(self) -> int:
-        now = time.time()
-        stale = [k for k, r in (await self.load()).items() if _expired(r, now)]
-        if stale:
-            await _redis(lambda: self._redis.hdel(HASH, *stale))
-        return len(stale)
+    async def purge(self, known: Callable[[Scope, str], bool] | None = None,
+                    now: float | None = None) -> dict[str, int]:
+        """One pass over the hash (see the module): delete expired records, fields that name no
+        scope, and records of runtimes or upstreams ``known`` rejects once ``UNKNOWN_GRACE`` old;
+        rewrite unreadable values as proper blocks of their field's scope. Each change applies only
+        if the field still holds what was read. Returns the count of each."""
+        raw: dict[bytes, bytes] = await _redis(lambda: self._redis.hgetall(HASH))
+        moment = time.time() if now is None else now
+        counts = {"expired": 0, "no_scope": 0, "unknown_target": 0, "rewritten": 0}
+        for key, value in raw.items():
+            field = key.decode("utf-8", "replace")
+            outcome, replacement = _purge_decision(field, value, known, moment)
+            if outcome and await self._replace(key, value, replacement):
+                counts[outcome] += 1
+        return counts
+
+    async def _replace(self, key: bytes, old: bytes, new: str) -> bool:
+        script = self._redis.register_script(_REPLACE_IF_UNCHANGED)
+        return bool(await _redis(lambda: script(keys=[HASH], args=[key, old, new, CHANNEL])))
+
+
+def _purge_decision(field: str, value: bytes, known: Callable[[Scope, str], bool] | None,
+                    now: float) -> tuple[str, str]:
+    """(what to count, the new value: "" deletes); ("", "") keeps the field as it is."""
+    block = unreadable(field, now)
+    if block is None:
+        return "no_scope", ""
+    try:
+        record = Revocation.from_json(value)
+    except (ValueError, TypeError, KeyError):
+        record = None
+    if record is None or record.key != field:
+        return "rewritten", block.to_json()
+    if _expired(record, now):
+        return "expired", ""
+    if (known is not None and record.scope in (Scope.RUNTIME, Scope.UPSTREAM)
+            and not known(record.scope, record.name)
+            and max(record.when, record.lifted_at) + UNKNOWN_GRACE < now):
+        return "unknown_target", ""
+    return "", ""

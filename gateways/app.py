@@ -5,8 +5,9 @@ address, loads the JWKS from the broker: a gateway that cannot do all three does
 After that the request path touches only memory and Redis (run state); Vault and the JWKS are
 refreshed in the background.
 
-Reserved paths under ``/.valetkey/`` (health, readiness, metrics) are answered by the gateway
-itself; no upstream path starts with ``/.valetkey/``.
+Reserved paths under ``/.valetkey/`` (health, readiness, info, end-run) are answered by the
+gateway itself; no upstream path starts with ``/.valetkey/``. Metrics are served only on the
+operator listener (``VALETKEY_METRICS_LISTEN``), a port the sandbox is not given.
 """
 
 from __future__ import annotations

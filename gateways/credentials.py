@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+from functools import lru_cache
 from urllib.parse import parse_qsl, urlencode
 
 from contract.errors import Reason, Unauthenticated
 from contract.secret import Secret
+from policies.credential_names import MAX_NAME, is_credential_name
 from policies.model import Injection, Placement
 
 Headers = list[tuple[bytes, bytes]]
@@ -98,7 +100,8 @@ def extract_placeholder(injection: Injection, headers: Headers, query: bytes, re
 
 
 def forwarded_headers(headers: Headers, injection: Injection) -> Headers:
-    """Client headers minus every credential, hop-by-hop and routing header."""
+    """Client headers minus every credential (the listed ones and every credential-named one,
+    ``X-Service-Token``…), hop-by-hop and routing header."""
     named_hop = {
         part.strip().lower().encode()
         for k, v in headers if k == b"connection"
@@ -108,8 +111,13 @@ def forwarded_headers(headers: Headers, injection: Injection) -> Headers:
     return [
         (k, v) for k, v in headers
         if k not in STRIPPED and k not in named_hop and k not in injected
-        and not k.startswith(STRIPPED_PREFIXES)
+        and not k.startswith(STRIPPED_PREFIXES) and not _credential_header(k[:MAX_NAME])
     ]
+
+
+@lru_cache(maxsize=1024)  # the same few header names come with every request
+def _credential_header(name: bytes) -> bool:
+    return is_credential_name(name.decode("latin-1"))
 
 
 def inject(headers: Headers, query: bytes, injection: Injection, secret: Secret) -> tuple[Headers, bytes]:

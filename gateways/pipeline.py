@@ -1,7 +1,7 @@
 """The gateway's request pipeline: one ordered list of small named steps, read top to bottom.
 
-    check_request → refuse_passthrough → authenticate → authorize → charge_budget → read_body
-    → inject_secret → dial_and_stream
+    check_request → refuse_passthrough → authenticate → authorize → refuse_credential_fields
+    → charge_budget → read_body → inject_secret → dial_and_stream
     (audit always, in ``handle``)
 
 Each step reads and may fill fields of the ``Exchange``; a refusal is a ``ValetkeyError`` whose
@@ -37,6 +37,7 @@ from gateways.audit import AuditRecord, masked_path
 from gateways.credential_scan import Finding, media_type
 from gateways.credentials import Headers, extract_placeholder, forwarded_headers, inject
 from gateways.encodings import BodyDecoder, body_decoder
+from gateways.fields import FieldRules, find_in_body, find_in_query
 from gateways.paths import CanonicalPath, canonical_path
 from gateways.upstream import response_headers
 from policies.model import Placement, Purpose
@@ -54,6 +55,7 @@ REFUSED_METHODS = frozenset({"TRACE", "TRACK", "CONNECT", "DEBUG"})
 SCANNED_TYPES = ("application/json", "application/x-www-form-urlencoded", "multipart/form-data",
                  "text/plain")
 SCAN_ANY_BELOW = 1024 * 1024  # bodies this small are buffered and scanned whatever their type
+FIELDS_INLINE_BELOW = 64 * 1024  # larger bodies have their field names walked in a thread
 
 
 @dataclass
@@ -177,9 +179,25 @@ async def authorize(gw: Gateway, ex: Exchange) -> None:
                     Reason.PURPOSE_NOT_GRANTED)
 
 
+async def refuse_credential_fields(gw: Gateway, ex: Exchange) -> None:
+    """A value under a credential-named query parameter (``?api_key=…``), whatever it looks like,
+    unless the policy injects that parameter or the purpose allows the name (gateways/fields.py).
+    Reads query and purpose. Reason: credential_passthrough."""
+    finding = find_in_query(ex.query, FieldRules.of(gw.upstream.injection, ex.purpose))
+    if finding is not None:
+        _refuse_field(ex, finding)
+
+
+def _refuse_field(ex: Exchange, finding: Finding) -> None:
+    ex.record.passthrough = finding.location
+    raise Forbidden(f"a credential-named field was sent in {finding.location}; the sandbox must "
+                    "only hold placeholders", Reason.CREDENTIAL_PASSTHROUGH)
+
+
 async def read_body(gw: Gateway, ex: Exchange) -> None:
     """Enforce the purpose's body limit; buffer and scan JSON, form and small bodies for
-    credentials, stream the rest. Fills body. Reasons: body_too_large, credential_passthrough."""
+    credentials (by shape, then by field name), stream the rest. Fills body.
+    Reasons: body_too_large, credential_passthrough."""
     limit = (ex.purpose.limits.max_body if ex.purpose else None) or gw.settings.default_max_body
     declared = ex.header(b"content-length")
     size = int(declared[0]) if declared and declared[0].isdigit() else None
@@ -202,6 +220,13 @@ async def read_body(gw: Gateway, ex: Exchange) -> None:
         ex.record.passthrough = finding.location
         raise Forbidden(f"a real credential was sent in {finding.location}",
                         Reason.CREDENTIAL_PASSTHROUGH)
+    rules = FieldRules.of(gw.upstream.injection, ex.purpose)
+    if len(ex.body) <= FIELDS_INLINE_BELOW:
+        finding = find_in_body(ex.body, content_type, rules)
+    else:  # walking a large document's names takes ms: in a thread, the event loop keeps serving
+        finding = await asyncio.to_thread(find_in_body, ex.body, content_type, rules)
+    if finding is not None:
+        _refuse_field(ex, finding)
 
 
 async def _limited_stream(ex: Exchange, limit: int) -> AsyncIterator[bytes]:
@@ -321,6 +346,7 @@ STEPS: tuple[Callable[[Gateway, Exchange], Awaitable[None]], ...] = (
     refuse_passthrough,
     authenticate,
     authorize,
+    refuse_credential_fields,
     charge_budget,
     read_body,
     inject_secret,

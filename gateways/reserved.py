@@ -1,19 +1,25 @@
 """The gateway's own endpoints under ``/.valetkey/`` (no upstream path starts with it).
 
+Everything here is reachable from the sandbox, so it serves only what the sandbox's tools need:
+
     GET  /.valetkey/healthz    the process is up
     GET  /.valetkey/readyz     secret loaded, egress pinned, JWKS loaded, revocation state fresh
-    GET  /.valetkey/metrics    Prometheus
-    GET  /.valetkey/info       which upstream this is and where its placeholder goes (no secret)
+    GET  /.valetkey/info       what a client needs to use this gateway: the upstream's name and
+                               origin (what the gateway stands in for), where the placeholder goes,
+                               the sandbox's variable names. No secret, no dialled address, no
+                               version, no purposes (a run's grants are in its bundle)
     POST /.valetkey/end-run    the caller's own run ends now, everywhere (send the placeholder as
                                usual); an agent can give up its access, never gain any
+
+Metrics are not served here: they name every run's reasons and volumes across the gateway, so they
+go only to the operator listener (``VALETKEY_METRICS_LISTEN``); ``/.valetkey/metrics`` answers
+``404 not_found``.
 """
 
 from __future__ import annotations
 
 import json
 from typing import TYPE_CHECKING, Any
-
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from contract import audit_stream
 from contract.errors import MethodNotAllowed, NotFound, ValetkeyError
@@ -38,7 +44,7 @@ async def handle(gw: Gateway, scope: dict[str, Any], receive: Receive, send: Sen
         elif method not in ("GET", "HEAD"):
             raise MethodNotAllowed(f"{method} is not served under {PREFIX}")
         elif path == "metrics":
-            await reply(send, 200, generate_latest(gw.metrics.registry), CONTENT_TYPE_LATEST)
+            raise NotFound("metrics are served only on the operator listener (VALETKEY_METRICS_LISTEN)")
         elif path == "healthz":
             await reply(send, 200, b'{"status":"ok"}')
         elif path == "readyz":
@@ -53,16 +59,14 @@ async def handle(gw: Gateway, scope: dict[str, Any], receive: Receive, send: Sen
 
 
 def info(gw: Gateway) -> dict[str, Any]:
+    """The upstream's origin stays: the sandbox's tools already know it (the gateway stands in
+    for it) and ``valetkey selftest`` proves the sandbox cannot reach it directly."""
     up, injection = gw.upstream, gw.upstream.injection
-    return {"upstream": up.name, "audience": up.name, "base_url": up.base_url,
+    return {"upstream": up.name, "base_url": up.base_url,
             "placement": injection.placement.value, "header": injection.header,
             "format": injection.format, "query_param": injection.param,
             "env": {"placeholder": up.env.placeholder, "base_url": up.env.base_url,
-                    "base_path": up.env.base_path},
-            "purposes": {
-                name: {"why": p.why, "methods": sorted(p.methods), "paths": [str(t) for t in p.paths]}
-                for name, p in up.purposes.items()
-            }}
+                    "base_path": up.env.base_path}}
 
 
 async def _readyz(gw: Gateway, send: Send) -> None:

@@ -94,6 +94,8 @@ class Purpose:
     paths: tuple[PathTemplate, ...]
     params: tuple[str, ...]
     limits: Limits = Limits()
+    # credential-named fields this purpose may send on (normalised: ``policies.credential_names``)
+    allow_fields: frozenset[str] = frozenset()
 
     def template_params(self) -> frozenset[str]:
         return frozenset(p for t in self.paths for p in t.params)

@@ -11,6 +11,7 @@ from types import MappingProxyType
 from typing import Any
 
 from policies import alerts_doc, units
+from policies.credential_names import is_credential_name, normalised
 from policies.model import (
     Injection,
     Limits,
@@ -222,7 +223,8 @@ def _purposes(value: Any, rule: str, r: Report) -> dict[str, Purpose] | None:
 
 def _purpose(name: str, value: Any, rule: str, r: Report) -> Purpose | None:
     doc = mapping(value, rule, r)
-    if doc is None or not keys(doc, rule, {"why", "methods", "paths"}, {"params", "limits"}, r):
+    optional = {"params", "limits", "allow_fields"}
+    if doc is None or not keys(doc, rule, {"why", "methods", "paths"}, optional, r):
         return None
     why = doc["why"]
     if not isinstance(why, str) or len(why.strip().splitlines()) != 1:
@@ -257,10 +259,28 @@ def _purpose(name: str, value: Any, rule: str, r: Report) -> Purpose | None:
         if p not in known:
             r.add(f"{rule} params", f"{p!r} appears in no path template", "remove it or use it")
     limits = _limits(doc.get("limits", {}), f"{rule} limits", r)
+    allow_fields = _allow_fields(doc.get("allow_fields", []), f"{rule} allow_fields", r)
     if len(paths) != len(paths_raw) or limits is None or not set(params) <= known:
         return None
+    if allow_fields is None:
+        return None
     return Purpose(name=name, why=why.strip(), methods=upper, paths=tuple(paths),
-                   params=tuple(params), limits=limits)
+                   params=tuple(params), limits=limits, allow_fields=allow_fields)
+
+
+def _allow_fields(value: Any, rule: str, r: Report) -> frozenset[str] | None:
+    """Credential-named fields the purpose may send: each must be a name the gateway would refuse
+    (anything else is a typo or a no-op)."""
+    if not isinstance(value, list) or not all(isinstance(f, str) and f.strip() for f in value):
+        r.add(rule, "expected a list of field names", "e.g. `allow_fields: [password]`")
+        return None
+    ok = True
+    for name in value:
+        if not is_credential_name(name, flat=True):
+            r.add(rule, f"{name!r} is not a credential-named field; the gateway never refuses it",
+                  "remove it (see docs/policy.md, credential-named fields)")
+            ok = False
+    return frozenset(normalised(f) for f in value) if ok else None
 
 
 def _limits(value: Any, rule: str, r: Report) -> Limits | None:

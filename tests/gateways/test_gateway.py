@@ -411,10 +411,30 @@ def test_audit_lines_for_allowed_and_denied(gateway_stack: Stack, echo: httpx.Cl
 
 def test_metrics_count_reasons(gateway_stack: Stack, echo: httpx.Client) -> None:
     echo.get("/v1/admin")
-    metrics = httpx.get(f"{gateway_stack.url('echo')}/.valetkey/metrics").text
+    metrics = gateway_stack.metrics("echo")
     assert 'valetkey_gateway_requests_total{decision="deny",reason="purpose_not_granted",upstream="echo"}' in metrics
     ready = httpx.get(f"{gateway_stack.url('echo')}/.valetkey/readyz").json()
     assert ready["checks"] == {"secret": True, "egress": True, "jwks": True, "revocations": True}
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+def test_the_sandbox_port_serves_no_metrics(gateway_stack: Stack, method: str) -> None:
+    """Metrics count every run's refusals and bytes: only the operator listener serves them."""
+    response = httpx.request(method, f"{gateway_stack.url('echo')}/.valetkey/metrics")
+    assert response.status_code == 404
+    if method == "GET":
+        assert response.json()["error"] == "not_found"
+    assert "valetkey_gateway" not in response.text
+    assert "valetkey_gateway_requests_total" in gateway_stack.metrics("echo")
+
+
+def test_info_tells_the_sandbox_only_how_to_use_the_gateway(gateway_stack: Stack) -> None:
+    info = httpx.get(f"{gateway_stack.url('echo')}/.valetkey/info").json()
+    assert set(info) == {"upstream", "base_url", "placement", "header", "format", "query_param", "env"}
+    assert info["env"] == {"placeholder": "ECHO_TOKEN", "base_url": "ECHO_URL", "base_path": ""}
+    text = json.dumps(info)
+    for absent in ("read_items", "why", "version", "redis", "vault", gateway_stack.broker_url):
+        assert absent not in text
 
 
 def test_no_secret_or_token_in_any_log_record(gateway_stack: Stack, bundle: dict[str, Any],

@@ -178,7 +178,7 @@ def test_redactions_are_counted_in_audit_and_metric(gateway_stack: Stack, echo: 
     metric = re.compile(r'^valetkey_gateway_redactions_total\{upstream="echo"\} (\S+)$', re.M)
 
     def counted() -> float:
-        found = metric.search(httpx.get(f"{gateway_stack.url('echo')}/.valetkey/metrics").text)
+        found = metric.search(gateway_stack.metrics("echo"))
         return float(found.group(1)) if found else 0.0
 
     before = counted()

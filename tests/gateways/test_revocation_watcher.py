@@ -17,8 +17,12 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from broker.app import create_app
+from valetkey.dev.services import RedisServer, free_port
+from contract.revocations import CHANNEL, HASH, Revocation, Scope, new_revocation
+from contract.secret import Secret
 from broker.settings import BrokerSettings
 from contract.secret import Secret
 from gateways.detectors import verify_signature
@@ -91,21 +95,26 @@ def _spawn(fleet_env: dict[str, str], port: int, log: Path) -> subprocess.Popen[
                                 stdout=out, stderr=subprocess.STDOUT)
 
 
+def _broker_settings(stack: Stack, redis_url: str) -> BrokerSettings:
+    return BrokerSettings.from_env({
+        "VAULT_ADDR": stack.vault.addr, "VAULT_TOKEN": stack.vault.broker_token, "VALETKEY_REDIS_URL": redis_url,
+        "VALETKEY_POLICY_DIR": str(Path(stack.policies.upstreams["echo"].source).parent),
+        "VALETKEY_ISSUER": ISSUER,
+    })
+
+
 @pytest.fixture(scope="module")
 def fleet(gateway_stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     logs = tmp_path_factory.mktemp("fleet")
-    redis = RedisServer()
-    redis.start()
+    own_redis = RedisServer()
+    own_redis.start()
     receiver = Receiver()
     hook = ThreadedServer(receiver).start()
     policy_dir = Path(gateway_stack.policies.upstreams["echo"].source).parent
-    settings = BrokerSettings.from_env({
-        "VAULT_ADDR": gateway_stack.vault.addr, "VAULT_TOKEN": gateway_stack.vault.broker_token,
-        "VALETKEY_REDIS_URL": redis.url, "VALETKEY_POLICY_DIR": str(policy_dir), "VALETKEY_ISSUER": ISSUER,
-    })
-    broker = ThreadedServer(create_app(settings, gateway_stack.policies)).start()
+    broker = ThreadedServer(create_app(_broker_settings(gateway_stack, own_redis.url),
+                                       gateway_stack.policies)).start()
     env = {"VAULT_ADDR": gateway_stack.vault.addr, "VAULT_TOKEN": gateway_stack.vault.gateway_token("echo"),
-           "VALETKEY_REDIS_URL": redis.url, "VALETKEY_BROKER_URL": broker.url, "VALETKEY_ISSUER": ISSUER,
+           "VALETKEY_REDIS_URL": own_redis.url, "VALETKEY_BROKER_URL": broker.url, "VALETKEY_ISSUER": ISSUER,
            "VALETKEY_POLICY_DIR": str(policy_dir), "VALETKEY_REVOCATION_MAX_STALE": "1s",
            "VALETKEY_ALERT_WEBHOOK_URL": f"{hook.url}/alerts", "VALETKEY_ALERT_WEBHOOK_SECRET": WEBHOOK_SECRET}
     ports = [free_port(), free_port()]
@@ -123,14 +132,14 @@ def fleet(gateway_stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Ite
             except AssertionError:
                 raise AssertionError((logs / f"gateway-{i}.log").read_text()) from None
             assert proc.poll() is None
-        yield Fleet(gateway_stack, redis, broker.url, replicas, receiver)
+        yield Fleet(gateway_stack, own_redis, broker.url, replicas, receiver)
     finally:
         for proc in procs:
             proc.terminate()
             proc.wait(timeout=10)
         broker.stop()
         hook.stop()
-        redis.close()
+        own_redis.close()
     for i in range(2):
         text = (logs / f"gateway-{i}.log").read_text()
         for secret in gateway_stack.vault.secrets.values():
@@ -333,7 +342,12 @@ def test_revoke_cli(fleet: Fleet) -> None:
     assert fleet.mint().json()["error"] == "revoked"
     lifted = cli("revoke", "--upstream", "echo", "--lift")
     assert lifted.returncode == 0, lifted.stderr
-    assert cli("revoke", "--upstream", "echo", "--lift").returncode == 1  # nothing standing
+    again = cli("revoke", "--upstream", "echo", "--lift")  # nothing standing
+    assert (again.returncode, "revocation_not_found" in again.stderr) == (1, True), again.stderr
+    token = fleet.mint().json()["env"]["ECHO_TOKEN"]
+    everything = cli("revoke", "--all", "--lift")  # on a healthy system: refused, nobody cut off
+    assert (everything.returncode, "revocation_not_found" in everything.stderr) == (1, True)
+    assert fleet.get(fleet.replicas[0], token).status_code == 200
     assert cli("revoke", "--run", "x", "--all").returncode == 1  # exactly one scope
 
 
@@ -387,12 +401,72 @@ def test_credential_in_the_path_is_refused_and_withheld(fleet: Fleet) -> None:
     assert secretish not in raw
 
 
-def test_revoke_unknown_run_and_lift_without_record(fleet: Fleet) -> None:
+def test_revoke_unknown_run(fleet: Fleet) -> None:
     revoked = fleet.admin("POST", "/v1/revocations", json={"scope": "run", "name": "run_lost", "reason": "x"})
     assert revoked.status_code == 201
-    lifted = fleet.admin("DELETE", "/v1/revocations/runtime/tester-never-revoked")
-    assert lifted.status_code == 200  # writes an explicit lifted record (e.g. after Redis lost state)
-    assert lifted.json()["blocked"] is False
+
+
+LIFT_REFUSALS = [
+    pytest.param("/v1/revocations/all", 404, "revocation_not_found", id="all-when-nothing-stands"),
+    pytest.param("/v1/revocations/upstream/echo", 404, "revocation_not_found", id="upstream-never-revoked"),
+    pytest.param("/v1/revocations/runtime/tester-never-in-policy", 404, "unknown_revocation_target",
+                 id="runtime-not-in-policy"),
+    pytest.param("/v1/revocations/upstream/nosuch", 404, "unknown_revocation_target", id="upstream-not-in-policy"),
+    pytest.param("/v1/revocations/all/x", 400, "invalid_request", id="all-with-a-name"),
+    pytest.param("/v1/revocations/run/run_lost", 400, "invalid_request", id="run"),
+]
+
+
+@pytest.mark.parametrize(("path", "status", "code"), LIFT_REFUSALS)
+def test_lifting_what_does_not_stand_changes_nothing(fleet: Fleet, path: str, status: int, code: str) -> None:
+    """Lifting a revocation that does not exist used to write one (lifted, but covering every token
+    issued up to then): ``revoke --all --lift`` on a healthy system cut off every run."""
+    token = fleet.mint().json()["env"]["ECHO_TOKEN"]
+    before = fleet.admin("GET", "/v1/revocations").json()
+    lifted = fleet.admin("DELETE", path)
+    assert (lifted.status_code, lifted.json()["error"]) == (status, code), lifted.text
+    assert fleet.admin("GET", "/v1/revocations").json() == before
+    time.sleep(0.2)  # anything published would have reached the replicas by now
+    for replica in fleet.replicas:
+        assert fleet.get(replica, token).status_code == 200
+
+
+def test_revoking_a_target_not_in_policy_is_refused(fleet: Fleet) -> None:
+    refused = fleet.admin("POST", "/v1/revocations", json={"scope": "upstream", "name": "nosuch"})
+    assert (refused.status_code, refused.json()["error"]) == (404, "unknown_revocation_target")
+
+
+def test_junk_revocation_records(fleet: Fleet) -> None:
+    """A garbled record of a real scope blocks that scope at the gateways and the broker (fail
+    closed); a field that names no scope revokes nothing. A starting broker's reaper deletes the
+    junk and rewrites the garbled record as a proper block, which an admin then lifts."""
+    client = redis.Redis.from_url(fleet.redis.url)
+    victim, bystander = fleet.mint().json(), fleet.mint().json()
+    try:
+        client.hset(HASH, mapping={
+            "bogus-field": new_revocation(Scope.ALL, "", "someone", "not a field valetkey writes").to_json(),
+            f"run:{victim['run_id']}": "{garbled",
+        })
+        client.publish(CHANNEL, "{garbled")  # a malformed message: each replica reloads the hash
+        _refused_everywhere(fleet, victim["env"]["ECHO_TOKEN"])
+        for replica in fleet.replicas:
+            assert fleet.get(replica, bystander["env"]["ECHO_TOKEN"]).status_code == 200
+
+        client.hset(HASH, "runtime:tester", "not json")
+        assert (fleet.mint().status_code, fleet.mint().json()["error"]) == (403, "revoked")
+        with ThreadedServer(create_app(_broker_settings(fleet.stack, fleet.redis.url),
+                                       fleet.stack.policies)):
+            eventually(lambda: not client.hexists(HASH, "bogus-field"))
+        for field in (f"run:{victim['run_id']}", "runtime:tester"):
+            repaired = Revocation.from_json(client.hget(HASH, field))
+            assert (repaired.key, repaired.blocked, repaired.who) == (field, True, "valetkey")
+        _refused_everywhere(fleet, victim["env"]["ECHO_TOKEN"])
+    finally:
+        lifted = fleet.admin("DELETE", "/v1/revocations/runtime/tester")
+        client.close()
+    assert lifted.status_code == 200, lifted.text
+    time.sleep(1.1)  # tokens issued in the lift's second stay revoked (iat <= not_before)
+    assert fleet.mint().status_code == 201
 
 
 def test_webhook_without_signing_secret_refuses_to_start(gateway_stack: Stack) -> None:

@@ -110,6 +110,10 @@ BROKEN_CASES = [
                  id="max-ttl-negative"),
     pytest.param("max-ttl-garbage", "runtime demo-agent max_ttl", "expected a duration",
                  id="max-ttl-garbage"),
+    pytest.param("allow-fields-not-credential", f"{PURPOSE} allow_fields",
+                 "'max_tokens' is not a credential-named field", id="allow-fields-not-credential"),
+    pytest.param("allow-fields-not-list", f"{PURPOSE} allow_fields", "expected a list of field names",
+                 id="allow-fields-not-list"),
 ]
 
 
@@ -308,6 +312,7 @@ EXPECTED_WEATHER = Upstream(
             paths=(_path("/data/2.5/weather"),),
             params=(),
             limits=Limits(),
+            allow_fields=frozenset({"stationpassword"}),
         )
     },
     allow_private=True,

@@ -16,6 +16,8 @@ import pytest
 import redis
 
 from broker.app import create_app
+from valetkey.dev.vault_seed import DevVault
+from valetkey.dev.services import OpenBaoDev, RedisServer, free_port
 from broker.settings import BrokerSettings
 from gateways.app import GatewayApp
 from gateways.server import GatewayProtocol
@@ -59,6 +61,7 @@ purposes:
     methods: [POST]
     paths: [/v1/blobs]
     limits: {max_body: 64KiB}
+    allow_fields: [password]
 """
 
 
@@ -104,6 +107,7 @@ class Stack:
     upstreams: dict[str, EchoUpstream]
     ca_file: Path
     gateways: dict[str, ThreadedServer] = field(default_factory=dict)
+    metrics_ports: dict[str, int] = field(default_factory=dict)  # each gateway's operator listener
     raw: RawUpstream | None = None  # upstream "rawleak": a bare HTTP/1.1 server (gateway started by tests)
 
     def app(self, name: str) -> GatewayApp:
@@ -112,6 +116,10 @@ class Stack:
 
     def url(self, name: str) -> str:
         return self.gateways[name].url
+
+    def metrics(self, name: str) -> str:
+        """Prometheus text from the gateway's operator listener (never its sandbox-facing port)."""
+        return httpx.get(f"http://127.0.0.1:{self.metrics_ports[name]}/metrics").text
 
     def mint(self, grants: list[dict[str, Any]], ttl: str = "10m") -> dict[str, Any]:
         token = self.vault.runtime_token("tester")
@@ -212,7 +220,9 @@ def gateway_stack(vault: OpenBaoDev, redis_server: RedisServer,
     stack = Stack(dev, policies, broker.url, redis_server.url, echoes, ca_file, raw=raw)
     try:
         for name in PLACEMENTS:
-            stack.gateways[name] = start_gateway(stack, name)
+            stack.metrics_ports[name] = free_port()
+            stack.gateways[name] = start_gateway(
+                stack, name, VALETKEY_METRICS_LISTEN=f"127.0.0.1:{stack.metrics_ports[name]}")
         yield stack
     finally:
         for gateway in stack.gateways.values():

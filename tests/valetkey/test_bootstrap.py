@@ -90,8 +90,8 @@ ALLOWED = [
     pytest.param("broker", "sign", id="broker-signs"),
     pytest.param("broker", "read-key", id="broker-reads-public-key"),
     pytest.param("broker", "lookup-token", id="broker-looks-up-callers"),
-    pytest.param("admin", "sign", id="admin-signs"),
     pytest.param("admin", "lookup-token", id="admin-looks-up-callers"),
+    pytest.param("admin", "read-key", id="admin-reads-key-for-keys-list"),
     pytest.param("admin", "list-policies", id="admin-lists-policies"),
 ]
 
@@ -107,6 +107,8 @@ FORBIDDEN = [
         for op in ("read-github", "read-github-git", "read-openai", "read-anthropic",
                    "read-slack", "list-secrets", "list-policies")
     ],
+    # run tokens are minted only by the broker, after its checks: the security team signs nothing
+    pytest.param("admin", "sign", id="admin-not-sign"),
     pytest.param("admin", "read-github", id="admin-not-read-github"),
     pytest.param("admin", "list-secrets", id="admin-not-list-secrets"),
     pytest.param("runtime:notifier", "read-anthropic", id="notifier-not-read-secret"),
@@ -147,6 +149,13 @@ CAPABILITIES = [
     pytest.param("broker", "auth/token/create", ["deny"], id="broker-no-free-tokens"),
     pytest.param("broker", "auth/token/revoke-accessor", ["update"], id="broker-revokes"),
     pytest.param("broker", "secret/data/anything", ["deny"], id="broker-no-secrets"),
+    pytest.param("admin", f"transit/sign/{KEY}", ["deny"], id="admin-no-sign"),
+    pytest.param("admin", f"transit/sign/{KEY}/sha2-256", ["deny"], id="admin-no-sign-hash-path"),
+    pytest.param("admin", "auth/token/create/valetkey-run", ["deny"], id="admin-no-run-tokens"),
+    pytest.param("admin", "auth/token/create", ["deny"], id="admin-no-free-tokens"),
+    pytest.param("admin", "auth/token/revoke-accessor", ["update"], id="admin-revokes-accessors"),
+    pytest.param("admin", f"transit/keys/{KEY}", ["read"], id="admin-reads-key"),
+    pytest.param("broker", f"transit/sign/{KEY}", ["update"], id="broker-signs"),
     pytest.param("admin", f"transit/keys/{KEY}/rotate", ["update"], id="admin-rotates"),
     pytest.param("admin", f"transit/keys/{KEY}/config", ["update"], id="admin-configures"),
     pytest.param("admin", "sys/policies/acl/valetkey-broker", ["read"], id="admin-reads-policy"),
@@ -284,6 +293,25 @@ def test_policy_drift_is_repaired_but_a_runtime_policy_is_left_alone(
     changed = [(s.kind, s.name, s.action) for s in report.steps if s.action is not Action.PRESENT]
     assert changed == [("policy", "valetkey-broker", Action.UPDATED)]
     assert kept == custom
+
+
+def test_bootstrap_narrows_an_admin_policy_that_could_sign(bootstrapped_vault: DevVault) -> None:
+    """Deployments bootstrapped before the admin lost ``transit/sign``: running bootstrap again
+    takes the right away, and the admin's token is refused at once."""
+    bv = bootstrapped_vault
+    broad = f'path "transit/sign/{KEY}" {{\n  capabilities = ["update"]\n}}\n'
+    with open_client(bv.addr, bv.root_token) as client:
+        narrow = client.sys.read_acl_policy(name="valetkey-admin")["data"]["policy"]
+        client.sys.create_or_update_acl_policy(name="valetkey-admin", policy=narrow + broad)
+        with open_client(bv.addr, bv.admin_token) as admin:
+            assert _sign(admin, bv)  # the old policy signed run tokens outside the broker
+        report = bootstrap(client, bv.policies)
+    changed = [(s.kind, s.name, s.action) for s in report.steps if s.action is not Action.PRESENT]
+    assert changed == [("policy", "valetkey-admin", Action.UPDATED)]
+    with open_client(bv.addr, bv.admin_token) as admin, pytest.raises(hvac.exceptions.Forbidden):
+        _sign(admin, bv)
+    with open_client(bv.addr, bv.broker_token) as broker:
+        assert _sign(broker, bv)
 
 
 @pytest.mark.parametrize(
