@@ -15,24 +15,22 @@ recorded with who, when and why, and is itself an audit event.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from typing import TYPE_CHECKING, Any
 
-import redis.asyncio as aioredis
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from broker.bodies import read_json_object
 from broker.openapi import DEFAULT_AUDIT_LIMIT, MAX_AUDIT_LIMIT
-from contract import audit_stream
+from broker.services import Services, authenticate, services
+from contract import audit_stream, revocation_events
 from contract.errors import BadRequest, NotFound, Reason, Unavailable, ValetkeyError
 from contract.revocations import Revocation, Scope, in_policy, new_revocation
 
 if TYPE_CHECKING:
-    from broker.app import Services
     from broker.callers import Caller
     from broker.runs import RunRecord
 
@@ -40,8 +38,6 @@ log = logging.getLogger("valetkey.broker")
 
 
 async def _admin(request: Request) -> tuple[Caller, Services]:
-    from broker.app import authenticate, services
-
     caller = await authenticate(request)
     caller.require_admin()
     return caller, services(request)
@@ -65,38 +61,8 @@ async def end_run_artifacts(svc: Services, record: RunRecord, who: str, why: str
     return revocation
 
 
-def event_line(revocation: Revocation, action: str, **marks: Any) -> dict[str, Any]:
-    """The audit line of a revocation or a lift (``marks``: e.g. the break-glass fields)."""
-    line: dict[str, Any] = {"event": action, "scope": revocation.scope.value, "name": revocation.name,
-                            "who": revocation.lifted_by if action == "lift" else revocation.who,
-                            "why": revocation.why, "time": revocation.lifted_at or revocation.when,
-                            **marks}
-    if revocation.scope is Scope.RUN:
-        line["run"] = revocation.name
-    elif revocation.scope is Scope.RUNTIME:
-        line["runtime"] = revocation.name
-    return line
-
-
-async def append_event(client: aioredis.Redis, revocation: Revocation, action: str, maxlen: int,
-                       **marks: Any) -> bool:
-    """Log the event and append it to the audit stream. The revocation is already recorded when
-    this runs: a stream that cannot be written is logged (``audit_stream_write_failed``) and
-    reported as ``False``, never turned into a failed revocation."""
-    line = event_line(revocation, action, **marks)
-    log.info(json.dumps(line, sort_keys=True))
-    try:
-        await audit_stream.append(client, line, kind="revocation", maxlen=maxlen)
-    except Unavailable as exc:
-        log.warning(json.dumps({"event": "audit_stream_write_failed", "action": action,
-                                "scope": revocation.scope.value, "name": revocation.name,
-                                "reason": exc.code}))
-        return False
-    return True
-
-
 async def record_event(svc: Services, revocation: Revocation, action: str) -> None:
-    await append_event(svc.redis, revocation, action, svc.settings.audit_maxlen)
+    await revocation_events.record_event(svc.redis, revocation, action, svc.settings.audit_maxlen)
 
 
 def not_recorded(exc: Unavailable) -> Unavailable:

@@ -10,15 +10,12 @@ Routes
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
-import redis.asyncio as aioredis
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -31,78 +28,20 @@ from broker.admin import ROUTES as ADMIN_ROUTES
 from broker.admin import end_run_artifacts
 from broker.admission import Admission
 from broker.bodies import read_json_object
-from broker.callers import Caller, CallerAuthenticator
+from broker.callers import Caller
 from broker.grants import parse_run_request
 from broker.openapi import OPENAPI
 from broker.reaper import Reaper
-from broker.runs import RunRecord, RunRegistry, new_run_id
+from broker.runs import RunRecord, new_run_id
+from broker.services import Services, authenticate, event, services
 from broker.settings import BrokerSettings
-from broker.signer import TransitSigner
 from contract import audit_stream
 from contract.claims import AccessClaims
 from contract.errors import Forbidden, NotFound, Reason, ValetkeyError
 from contract.jwks import jwks_from_transit
-from contract.revocations import RevocationStore
-from contract.vault import VaultClient
-from policies.load import load_policy_dir
 from policies.model import PolicySet
 
-REDIS_POOL_WAIT = 5.0  # seconds a Redis call may wait for a free connection of the pool
 log = logging.getLogger("valetkey.broker")
-
-
-@dataclass
-class Services:
-    settings: BrokerSettings
-    policies: PolicySet
-    vault: VaultClient
-    redis: aioredis.Redis
-    runs: RunRegistry
-    signer: TransitSigner
-    callers: CallerAuthenticator
-    revocations: RevocationStore
-
-    @classmethod
-    def build(cls, settings: BrokerSettings, policies: PolicySet | None = None) -> Services:
-        policies = policies or load_policy_dir(settings.policy_dir)
-        vault = VaultClient(settings.vault_addr, settings.vault_token,
-                            max_connections=settings.vault_max_connections)
-        # redis-py's default pool fails a call at once beyond 100 connections ("Too many
-        # connections": 503 for every mint past the hundredth of a burst); this one waits
-        pool = aioredis.BlockingConnectionPool.from_url(
-            settings.redis_url, max_connections=settings.redis_max_connections, timeout=REDIS_POOL_WAIT,
-            socket_timeout=2.0, socket_connect_timeout=2.0,
-        )
-        client = aioredis.Redis.from_pool(pool)
-        return cls(
-            settings=settings, policies=policies, vault=vault, redis=client,
-            runs=RunRegistry(client),
-            signer=TransitSigner(
-                vault, settings.transit_mount, settings.signing_key, settings.key_cache_ttl
-            ),
-            callers=CallerAuthenticator(
-                vault, policies, settings.admin_policy, settings.caller_cache_ttl
-            ),
-            revocations=RevocationStore(client),
-        )
-
-    async def aclose(self) -> None:
-        await self.vault.aclose()
-        await self.redis.aclose()
-
-
-def event(name: str, **fields: Any) -> None:
-    """One JSON log line per broker event; never pass a token or secret here."""
-    log.info(json.dumps({"event": name, "time": round(time.time(), 3), **fields}))
-
-
-def services(request: Request) -> Services:
-    svc: Services = request.app.state.services
-    return svc
-
-
-async def authenticate(request: Request) -> Caller:
-    return await services(request).callers.authenticate(request.headers)
 
 
 async def create_run(request: Request) -> Response:

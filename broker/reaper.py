@@ -18,15 +18,12 @@ import asyncio
 import contextlib
 import json
 import logging
-from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
+from broker.services import Services
 from contract.errors import ValetkeyError
 from contract.revocations import CHANNEL, Revocation, Scope, in_policy
-
-if TYPE_CHECKING:
-    from broker.app import Services
 
 log = logging.getLogger("valetkey.broker")
 PURGE_EVERY = 300.0

@@ -36,8 +36,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from contract.errors import BadRequest, NotFound, Reason, TokenInvalid, Unavailable
 from contract.claims import AccessClaims
+from contract.errors import BadRequest, NotFound, Reason, TokenInvalid, Unavailable
 from policies.model import PolicySet
 
 HASH = "valetkey:revocations"

@@ -27,7 +27,8 @@ import redis.asyncio as aioredis
 
 from contract import audit_stream
 from contract.env import SettingsError
-from contract.revocations import RevocationStore, Scope, new_revocation
+from contract.revocation_events import revoke_and_record
+from contract.revocations import Scope, new_revocation
 from contract.secret import Secret
 from gateways.audit import AuditRecord
 from policies.model import Alerting, AlertKind
@@ -151,7 +152,6 @@ class Detectors:
         self._policy = policy
         self._webhook = webhook
         self._window: Any = client.register_script(_WINDOW)
-        self._revocations = RevocationStore(client)
         self.fired: list[Alert] = []
         self._claimed: dict[str, Alert] = {}  # fired here, not yet fully announced
 
@@ -208,9 +208,4 @@ class Detectors:
         if alert.auto_revoke:
             revocation = new_revocation(Scope.RUN, record.run, f"valetkey-gateway:{record.upstream}",
                                         f"automatic: {kind.value} alert", run_expires=run_expires)
-            await self._revocations.revoke(revocation)
-            await audit_stream.append(self._redis, {"event": "revoke", "scope": "run", "name": record.run,
-                                                "run": record.run, "runtime": record.runtime,
-                                                "who": revocation.who, "why": revocation.why,
-                                                "time": revocation.when}, kind="revocation",
-                                  maxlen=self._maxlen)
+            await revoke_and_record(self._redis, revocation, self._maxlen, runtime=record.runtime)

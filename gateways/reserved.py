@@ -21,9 +21,9 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from contract import audit_stream
 from contract.errors import MethodNotAllowed, NotFound, ValetkeyError
-from contract.revocations import RevocationStore, Scope, new_revocation
+from contract.revocation_events import revoke_and_record
+from contract.revocations import Scope, new_revocation
 from gateways.credentials import extract_placeholder
 
 if TYPE_CHECKING:
@@ -83,11 +83,9 @@ async def _end_run(gw: Gateway, scope: dict[str, Any]) -> None:
     token = extract_placeholder(gw.upstream.injection, headers, query, gw.realm)
     claims = await gw.verifier.verify(token)
     who = f"run:{claims.sub} (itself, through gateway {gw.upstream.name})"
-    record = await RevocationStore(gw.redis).revoke(
-        new_revocation(Scope.RUN, claims.sub, who, "ended from inside the run", run_expires=claims.exp))
-    line = {"event": "revoke", "scope": "run", "name": claims.sub, "run": claims.sub,
-            "runtime": claims.client_id, "who": who, "why": record.why, "time": record.when}
-    await audit_stream.append(gw.redis, line, kind="revocation", maxlen=gw.settings.audit_maxlen)
+    revocation = new_revocation(Scope.RUN, claims.sub, who, "ended from inside the run",
+                                run_expires=claims.exp)
+    await revoke_and_record(gw.redis, revocation, gw.settings.audit_maxlen, runtime=claims.client_id)
 
 
 def _ok(check: Any) -> bool:

@@ -20,10 +20,10 @@ import click
 import httpx
 import redis.asyncio as aioredis
 
-from broker.admin import append_event
 from broker.runs import RunRegistry
 from contract import audit_stream
 from contract.errors import Unavailable, ValetkeyError
+from contract.revocation_events import record_event, revoke_and_record
 from contract.revocations import Revocation, RevocationStore, Scope, new_revocation
 from policies.units import parse_duration
 from valetkey.broker_cli import BROKER_OPTION, _client, _show, fail
@@ -130,6 +130,7 @@ def _break_glass(url: str, scope: Scope, name: str, why: str, lift: bool) -> Rev
     broker cannot authenticate anyone because Vault is down. Audited with the OS user."""
     user = getpass.getuser()
     who = f"break-glass:{user}"
+    marks = {"break_glass": True, "os_user": user}
 
     async def write() -> Revocation:
         client = aioredis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0)
@@ -140,12 +141,13 @@ def _break_glass(url: str, scope: Scope, name: str, why: str, lift: bool) -> Rev
             else:
                 runs = RunRegistry(client)
                 run = await runs.get(name) if scope is Scope.RUN else None
-                revocation = await store.revoke(new_revocation(
-                    scope, name, who, why, run_expires=run.expires if run else None))
+                revocation = await revoke_and_record(client, new_revocation(
+                    scope, name, who, why, run_expires=run.expires if run else None),
+                    audit_stream.DEFAULT_MAXLEN, **marks)
                 if run is not None:
                     await runs.end(name, who)
-            await append_event(client, revocation, "lift" if lift else "revoke", audit_stream.DEFAULT_MAXLEN,
-                               break_glass=True, os_user=user)
+                return revocation
+            await record_event(client, revocation, "lift", audit_stream.DEFAULT_MAXLEN, **marks)
             return revocation
         except Unavailable as exc:
             raise NotRecorded(f"{exc.code}: {exc.detail}") from None

@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.gateway_stack import Stack, audit_line
 from tests.gateways.test_fields import OPAQUE, multipart
 from tests.gateways.test_gateway import Refused
+from tests.support.gateway_stack import Stack, audit_line
 
 READ = {"upstream": "echo", "purpose": "read_items"}
 WRITE = {"upstream": "echo", "purpose": "write_item", "params": {"item": "42"}}

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateways.fields import FieldRules, find_in_body, find_in_query
 from gateways.credential_scan import CredentialScanner
+from gateways.fields import FieldRules, find_in_body, find_in_query
 
 OPAQUE = "Zq8opaque-internal-credential-value-7Yx"  # no provider's shape
 NONE = FieldRules()

@@ -20,10 +20,8 @@ import pytest
 import redis
 
 from broker.app import create_app
-from valetkey.dev.services import RedisServer, free_port
-from contract.revocations import CHANNEL, HASH, Revocation, Scope, new_revocation
-from contract.secret import Secret
 from broker.settings import BrokerSettings
+from contract.revocations import CHANNEL, HASH, Revocation, Scope, new_revocation
 from contract.secret import Secret
 from gateways.detectors import verify_signature
 from tests.support.asgi import read_body

@@ -16,8 +16,6 @@ import pytest
 import redis
 
 from broker.app import create_app
-from valetkey.dev.vault_seed import DevVault
-from valetkey.dev.services import OpenBaoDev, RedisServer, free_port
 from broker.settings import BrokerSettings
 from gateways.app import GatewayApp
 from gateways.server import GatewayProtocol
@@ -28,7 +26,7 @@ from tests.support.certs import make_ca, make_leaf
 from tests.support.rawhttp import RawUpstream
 from tests.support.servers import ThreadedServer
 from tests.support.upstreams import EchoUpstream
-from valetkey.dev.services import OpenBaoDev, RedisServer
+from valetkey.dev.services import OpenBaoDev, RedisServer, free_port
 from valetkey.dev.vault_seed import DevVault
 
 ISSUER = "http://broker.gateway-tests.valetkey.test"

@@ -1,0 +1,82 @@
+"""What every broker route works with: the services built once at start-up, and the caller.
+
+``Services`` holds the broker's clients (Vault, Redis) and the stores over them; routes reach it
+through ``services(request)``. ``authenticate`` maps the request's Vault token to a ``Caller``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+from starlette.requests import Request
+
+from broker.callers import Caller, CallerAuthenticator
+from broker.runs import RunRegistry
+from broker.settings import BrokerSettings
+from broker.signer import TransitSigner
+from contract.revocations import RevocationStore
+from contract.vault import VaultClient
+from policies.load import load_policy_dir
+from policies.model import PolicySet
+
+REDIS_POOL_WAIT = 5.0  # seconds a Redis call may wait for a free connection of the pool
+log = logging.getLogger("valetkey.broker")
+
+
+@dataclass
+class Services:
+    settings: BrokerSettings
+    policies: PolicySet
+    vault: VaultClient
+    redis: aioredis.Redis
+    runs: RunRegistry
+    signer: TransitSigner
+    callers: CallerAuthenticator
+    revocations: RevocationStore
+
+    @classmethod
+    def build(cls, settings: BrokerSettings, policies: PolicySet | None = None) -> Services:
+        policies = policies or load_policy_dir(settings.policy_dir)
+        vault = VaultClient(settings.vault_addr, settings.vault_token,
+                            max_connections=settings.vault_max_connections)
+        # redis-py's default pool fails a call at once beyond 100 connections ("Too many
+        # connections": 503 for every mint past the hundredth of a burst); this one waits
+        pool = aioredis.BlockingConnectionPool.from_url(
+            settings.redis_url, max_connections=settings.redis_max_connections, timeout=REDIS_POOL_WAIT,
+            socket_timeout=2.0, socket_connect_timeout=2.0,
+        )
+        client = aioredis.Redis.from_pool(pool)
+        return cls(
+            settings=settings, policies=policies, vault=vault, redis=client,
+            runs=RunRegistry(client),
+            signer=TransitSigner(
+                vault, settings.transit_mount, settings.signing_key, settings.key_cache_ttl
+            ),
+            callers=CallerAuthenticator(
+                vault, policies, settings.admin_policy, settings.caller_cache_ttl
+            ),
+            revocations=RevocationStore(client),
+        )
+
+    async def aclose(self) -> None:
+        await self.vault.aclose()
+        await self.redis.aclose()
+
+
+def event(name: str, **fields: Any) -> None:
+    """One JSON log line per broker event; never pass a token or secret here."""
+    log.info(json.dumps({"event": name, "time": round(time.time(), 3), **fields}))
+
+
+def services(request: Request) -> Services:
+    svc: Services = request.app.state.services
+    return svc
+
+
+async def authenticate(request: Request) -> Caller:
+    return await services(request).callers.authenticate(request.headers)
