@@ -165,8 +165,17 @@ def start_gateway(stack: Stack, name: str, **extra: str) -> ThreadedServer:
 
 
 @pytest.fixture(scope="session")
-def gateway_stack(vault: OpenBaoDev, redis_server: RedisServer,
+def gateway_vault() -> Iterator[OpenBaoDev]:
+    """The gateway stack's own OpenBao: its bootstrap with the test policies never meets the
+    shipped-policy bootstrap the broker and tooling tests check, whichever runs first."""
+    with OpenBaoDev() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def gateway_stack(gateway_vault: OpenBaoDev, redis_server: RedisServer,
                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    vault = gateway_vault
     policy_dir = tmp_path_factory.mktemp("gateway-policies")
     echoes: dict[str, EchoUpstream] = {}
     held: list[socket.socket] = []
