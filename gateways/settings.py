@@ -14,6 +14,7 @@ from contract.env import (
     directory,
     duration,
     int_setting,
+    listen,
     url_setting,
 )
 from contract.secret import Secret
@@ -52,8 +53,8 @@ class GatewaySettings:
     @classmethod
     def from_env(cls, upstream: str, env: Mapping[str, str] | None = None) -> GatewaySettings:
         env = os.environ if env is None else env
-        listen = env.get("VALETKEY_LISTEN", "127.0.0.1:8080")
-        host, _, port = listen.rpartition(":")
+        address = env.get("VALETKEY_LISTEN", "127.0.0.1:8080")
+        host, port = listen("VALETKEY_LISTEN", address)
         token = env.get("VAULT_TOKEN", "")
         role_id = env.get("VALETKEY_VAULT_ROLE_ID", "")
         secret_id = _secret_id(env)
@@ -73,8 +74,8 @@ class GatewaySettings:
             policy_dir=directory(env, "VALETKEY_POLICY_DIR", SHIPPED_POLICY_DIR),
             broker_url=broker_url,
             issuer=checked_url("VALETKEY_ISSUER", env.get("VALETKEY_ISSUER", broker_url)),
-            host=host.strip("[]") or "127.0.0.1",
-            port=int_setting("VALETKEY_LISTEN", port, 0, 65535),
+            host=host,
+            port=port,
             secret_refresh=duration(env, "VALETKEY_SECRET_REFRESH", "60s"),
             secret_max_stale=duration(env, "VALETKEY_SECRET_MAX_STALE", "10m"),
             jwks_max_age=duration(env, "VALETKEY_JWKS_MAX_AGE", "5m"),
@@ -98,8 +99,10 @@ def _listen(env: Mapping[str, str], key: str) -> tuple[str, int] | None:
     value = env.get(key, "")
     if not value:
         return None
-    host, _, port = value.rpartition(":")
-    return host.strip("[]") or "127.0.0.1", int_setting(key, port, 1, 65535)
+    host, port = listen(key, value)
+    if port == 0:
+        raise SettingsError(f"{key}: 0 is outside 1..65535")
+    return host, port
 
 
 def _ca_file(env: Mapping[str, str], key: str) -> str | None:

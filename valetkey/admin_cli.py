@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from typing import Any
 
@@ -18,18 +17,24 @@ import redis.asyncio as aioredis
 from contract import audit_stream
 from contract.errors import ValetkeyError
 from policies.units import parse_duration
-from valetkey.broker_cli import BROKER_OPTION, _client, _show, fail
+from valetkey.broker_cli import BROKER_OPTION, JSON_OPTION, _client, _show, fail
+
+REDIS_OPTION = click.option(
+    "--redis", "redis_url", envvar="VALETKEY_REDIS_URL", default=None, metavar="URL",
+    help="Redis holding the audit stream [env: VALETKEY_REDIS_URL; default: a running "
+         "`valetkey dev` stack's].",
+)
 
 
 @click.command("revoke")
 @BROKER_OPTION
-@click.option("--run", "run_id", help="one run: its tokens stop everywhere; its Vault tokens are revoked")
-@click.option("--runtime", help="every run this runtime started, and its new mints")
-@click.option("--upstream", help="kill switch for one gateway's audience")
-@click.option("--all", "everything", is_flag=True, help="every token and every mint")
-@click.option("--reason", default="", help="why (recorded with who and when)")
-@click.option("--lift", is_flag=True, help="lift a runtime, upstream or global revocation")
-def revoke_command(broker: str, run_id: str | None, runtime: str | None, upstream: str | None,
+@click.option("--run", "run_id", help="One run: its tokens stop everywhere; its Vault tokens are revoked.")
+@click.option("--runtime", help="Every run this runtime started, and its new mints.")
+@click.option("--upstream", help="Kill switch for one gateway's audience.")
+@click.option("--all", "everything", is_flag=True, help="Every token and every mint.")
+@click.option("--reason", default="", help="Why (recorded with who and when).")
+@click.option("--lift", is_flag=True, help="Lift a runtime, upstream or global revocation.")
+def revoke_command(broker: str | None, run_id: str | None, runtime: str | None, upstream: str | None,
                    everything: bool, reason: str, lift: bool) -> None:
     """Revoke a run, a runtime, an upstream or everything (or --lift one)."""
     chosen = [(s, n) for s, n in (("run", run_id), ("runtime", runtime), ("upstream", upstream),
@@ -45,14 +50,19 @@ def revoke_command(broker: str, run_id: str | None, runtime: str | None, upstrea
             return
         body = {"scope": scope, "name": name, "reason": reason or "revoked from the command line"}
         record = _show(client.post("/v1/revocations", json=body))
+        unknown_run = scope == "run" and client.get(f"/v1/runs/{name}").status_code == 404
     click.echo(f"revoked {scope} {name}".rstrip() + f" at {_when(record['when'])} by {record['who']}: "
                f"{record['why']}")
+    if unknown_run:
+        click.echo(f"warning: the broker has no run {name!r} (never created, mistyped, or expired and "
+                   "purged); the revocation is recorded anyway, so any token for that ID is refused",
+                   err=True)
 
 
 @click.command("revocations")
 @BROKER_OPTION
-@click.option("--json", "as_json", is_flag=True)
-def revocations_command(broker: str, as_json: bool) -> None:
+@JSON_OPTION
+def revocations_command(broker: str | None, as_json: bool) -> None:
     """List recorded revocations (standing and lifted)."""
     with _client(broker) as client:
         records = _show(client.get("/v1/revocations"))["revocations"]
@@ -71,21 +81,35 @@ def _when(epoch: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
 
 
-def _redis() -> aioredis.Redis:
-    url = os.environ.get("VALETKEY_REDIS_URL", "")
-    if not url:
-        fail("set VALETKEY_REDIS_URL to the Redis that holds the audit stream")
+def _redis_url(explicit: str | None) -> str:
+    """``--redis`` or ``VALETKEY_REDIS_URL``, else a running ``valetkey dev`` stack's Redis."""
+    from valetkey.dev.state import find_running
+
+    if explicit:
+        return explicit
+    dev = find_running()
+    if dev is None:
+        fail("no Redis given: set --redis URL or VALETKEY_REDIS_URL to the Redis that holds the audit "
+             "stream (or start `valetkey dev`)")
+    return dev.redis_url
+
+
+def _redis(url: str) -> aioredis.Redis:
     return aioredis.Redis.from_url(url, socket_timeout=5.0)
 
 
 FILTERS = [
-    click.option("--run", "run_id", default="", help="one run"),
-    click.option("--runtime", default="", help="one runtime"),
-    click.option("--upstream", default="", help="one upstream"),
-    click.option("--decision", type=click.Choice(["", "allow", "deny", "error"]), default=""),
-    click.option("--reason", default="", help="a reason code, e.g. purpose_not_granted"),
-    click.option("--kind", type=click.Choice(["", "request", "run", "revocation", "alert"]), default=""),
-    click.option("--json", "as_json", is_flag=True, help="raw JSON lines"),
+    REDIS_OPTION,
+    click.option("--run", "run_id", default="", help="One run."),
+    click.option("--runtime", default="", help="One runtime."),
+    click.option("--upstream", default="", help="One upstream."),
+    click.option("--decision", type=click.Choice(["allow", "deny", "error"]), default=None,
+                 help="allow, deny, or error (the gateway or upstream failed: 5xx, timeout, "
+                      "unavailable dependency) [default: all]."),
+    click.option("--reason", default="", help="A reason code, e.g. purpose_not_granted."),
+    click.option("--kind", type=click.Choice(["request", "run", "revocation", "alert"]), default=None,
+                 help="Entry kind [default: all]."),
+    click.option("--json", "as_json", is_flag=True, help="Raw JSON lines."),
 ]
 
 
@@ -95,7 +119,7 @@ def filters(func: Any) -> Any:
     return func
 
 
-@click.group("audit")
+@click.group("audit", context_settings={"help_option_names": ["-h", "--help"]})
 def audit_group() -> None:
     """Read the audit stream (requests, revocations, alerts)."""
 
@@ -107,15 +131,16 @@ def _print(entry: dict[str, Any], as_json: bool) -> None:
 
 @audit_group.command("tail")
 @filters
-@click.option("-n", "--lines", default=20, show_default=True, help="how many recent entries")
-@click.option("--follow", "-f", is_flag=True, help="keep printing new entries")
-def audit_tail(run_id: str, runtime: str, upstream: str, decision: str, reason: str, kind: str,
-               as_json: bool, lines: int, follow: bool) -> None:
+@click.option("-n", "--lines", default=20, show_default=True, help="How many recent entries.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new entries.")
+def audit_tail(redis_url: str | None, run_id: str, runtime: str, upstream: str, decision: str | None,
+               reason: str, kind: str | None, as_json: bool, lines: int, follow: bool) -> None:
     """The most recent entries, oldest first; --follow streams new ones."""
-    flt = audit_stream.Filter(run_id, runtime, upstream, decision, reason, kind)
+    flt = audit_stream.Filter(run_id, runtime, upstream, decision or "", reason, kind or "")
+    url = _redis_url(redis_url)
 
     async def run() -> None:
-        client = _redis()
+        client = _redis(url)
         try:
             recent = await audit_stream.query(client, flt, limit=lines)
             for entry in reversed(recent):
@@ -127,17 +152,18 @@ def audit_tail(run_id: str, runtime: str, upstream: str, decision: str, reason: 
         finally:
             await client.aclose()
 
-    _run(run)
+    _run(run, url)
 
 
 @audit_group.command("query")
 @filters
-@click.option("--since", default="1h", show_default=True, help="how far back, e.g. 15m, 2h, 1d")
-@click.option("--limit", default=1000, show_default=True)
-def audit_query(run_id: str, runtime: str, upstream: str, decision: str, reason: str, kind: str,
-                as_json: bool, since: str, limit: int) -> None:
+@click.option("--since", default="1h", show_default=True, help="How far back, e.g. 15m, 2h, 1d.")
+@click.option("--limit", default=1000, show_default=True, help="At most this many entries.")
+def audit_query(redis_url: str | None, run_id: str, runtime: str, upstream: str, decision: str | None,
+                reason: str, kind: str | None, as_json: bool, since: str, limit: int) -> None:
     """Entries matching every filter given, oldest first, within --since."""
-    flt = audit_stream.Filter(run_id, runtime, upstream, decision, reason, kind)
+    flt = audit_stream.Filter(run_id, runtime, upstream, decision or "", reason, kind or "")
+    url = _redis_url(redis_url)
     try:
         window = parse_duration(since)
     except ValueError as exc:
@@ -145,7 +171,7 @@ def audit_query(run_id: str, runtime: str, upstream: str, decision: str, reason:
         return
 
     async def run() -> None:
-        client = _redis()
+        client = _redis(url)
         try:
             found = await audit_stream.query(client, flt, since=time.time() - window, limit=limit)
         finally:
@@ -155,14 +181,15 @@ def audit_query(run_id: str, runtime: str, upstream: str, decision: str, reason:
         if not as_json:
             click.echo(f"{len(found)} entr{'y' if len(found) == 1 else 'ies'}", err=True)
 
-    _run(run)
+    _run(run, url)
 
 
-def _run(func: Any) -> None:
+def _run(func: Any, url: str) -> None:
     try:
         asyncio.run(func())
     except ValetkeyError as exc:
-        fail(exc.detail)
+        fail(f"cannot read the audit stream at {url}: {exc.detail}; give the right Redis with --redis URL "
+             "or VALETKEY_REDIS_URL")
     except KeyboardInterrupt:
         pass
 

@@ -6,7 +6,9 @@ import json
 import logging
 import os
 import sys
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, NoReturn
 
 import click
 import httpx
@@ -16,8 +18,13 @@ from broker.settings import BrokerSettings
 from contract.env import SettingsError
 from policies.load import PolicyLoadError, load_policy_dir
 
+DEFAULT_BROKER = "http://127.0.0.1:8400"
+NO_IDENTITY = ("set VAULT_TOKEN to your Vault token: a runtime's for runs, the security team's for "
+              "revocations (valetkey dev writes both into its state directory)")
 
-def fail(message: str) -> None:
+
+def fail(message: str) -> NoReturn:
+    """The one way a command reports a problem: ``error: ...`` on stderr, exit 1."""
     click.echo(f"error: {message}", err=True)
     sys.exit(1)
 
@@ -26,13 +33,14 @@ def configure_logging(level: str = "INFO") -> None:
     logging.basicConfig(level=level, format="%(message)s", stream=sys.stdout, force=True)
 
 
-@click.group("broker")
+@click.group("broker", context_settings={"help_option_names": ["-h", "--help"]})
 def broker_group() -> None:
     """The control plane."""
 
 
 @broker_group.command("serve")
-@click.option("--log-level", default="info", show_default=True)
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]), help="Log level.")
 def broker_serve(log_level: str) -> None:
     """Serve the broker API (settings from VAULT_ADDR, VAULT_TOKEN, VALETKEY_* variables)."""
     import uvicorn
@@ -51,11 +59,35 @@ def broker_serve(log_level: str) -> None:
                 access_log=False, server_header=False)
 
 
-def _client(broker: str) -> httpx.Client:
+def broker_url(broker: str | None) -> tuple[str, str]:
+    """The broker to talk to and where that address came from (for error messages).
+
+    ``--broker`` or ``VALETKEY_BROKER_URL`` first, then a running ``valetkey dev`` stack's address
+    (``dev.json`` in ``$VALETKEY_DEV_DIR`` or ``./.valetkey-dev``), then the default.
+    """
+    from valetkey.dev.state import find_running
+
+    if broker:
+        return broker.rstrip("/"), "from --broker or VALETKEY_BROKER_URL"
+    dev = find_running()
+    if dev is not None:
+        return dev.broker_url, "the running dev stack's, from its dev.json"
+    return DEFAULT_BROKER, "the default"
+
+
+@contextmanager
+def _client(broker: str | None) -> Iterator[httpx.Client]:
+    """An authenticated client; an unreachable broker ends the command with one line, exit 1."""
+    url, source = broker_url(broker)
     token = os.environ.get("VAULT_TOKEN", "")
     if not token:
-        fail("set VAULT_TOKEN to your Vault token (the runtime's or the security team's)")
-    return httpx.Client(base_url=broker, headers={"X-Vault-Token": token}, timeout=10.0)
+        fail(NO_IDENTITY)
+    try:
+        with httpx.Client(base_url=url, headers={"X-Vault-Token": token}, timeout=10.0) as client:
+            yield client
+    except httpx.TransportError as exc:
+        fail(f"cannot reach the broker at {url} ({source}): {type(exc).__name__}; start it, or give "
+             "its address with --broker URL or VALETKEY_BROKER_URL")
 
 
 def _show(response: httpx.Response) -> dict[str, Any]:
@@ -84,11 +116,14 @@ def parse_grant(text: str) -> dict[str, Any]:
 
 
 BROKER_OPTION = click.option(
-    "--broker", envvar="VALETKEY_BROKER_URL", default="http://127.0.0.1:8400", show_default=True
+    "--broker", envvar="VALETKEY_BROKER_URL", default=None, metavar="URL",
+    help=f"Broker base URL [env: VALETKEY_BROKER_URL; default: a running `valetkey dev` stack's, "
+         f"else {DEFAULT_BROKER}].",
 )
+JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
 
 
-@click.group("run")
+@click.group("run", context_settings={"help_option_names": ["-h", "--help"]})
 def run_group() -> None:
     """Create, inspect and end runs (uses VAULT_TOKEN as the caller identity)."""
 
@@ -96,11 +131,12 @@ def run_group() -> None:
 @run_group.command("create")
 @BROKER_OPTION
 @click.option("--grant", "grants", multiple=True, required=True,
-              help="UPSTREAM:PURPOSE[:k=v,...], repeatable")
-@click.option("--ttl", default=None, help="e.g. 15m; default is the broker's")
-@click.option("--format", "fmt", type=click.Choice(["json", "env"]), default="json")
-def run_create(broker: str, grants: tuple[str, ...], ttl: str | None, fmt: str) -> None:
-    """Mint a run bundle; --format env prints dotenv lines for the sandbox."""
+              help="UPSTREAM:PURPOSE[:k=v,...], repeatable.")
+@click.option("--ttl", default=None, help="Run lifetime, e.g. 15m [default: the broker's].")
+@click.option("--format", "fmt", type=click.Choice(["json", "env"]), default="json", show_default=True,
+              help="json: the whole bundle; env: dotenv lines for the sandbox.")
+def run_create(broker: str | None, grants: tuple[str, ...], ttl: str | None, fmt: str) -> None:
+    """Mint a run bundle with a runtime's VAULT_TOKEN."""
     body: dict[str, Any] = {"grants": [parse_grant(g) for g in grants]}
     if ttl:
         body["ttl"] = ttl
@@ -114,16 +150,42 @@ def run_create(broker: str, grants: tuple[str, ...], ttl: str | None, fmt: str) 
 
 @run_group.command("show")
 @BROKER_OPTION
+@JSON_OPTION
 @click.argument("run_id")
-def run_show(broker: str, run_id: str) -> None:
+def run_show(broker: str | None, as_json: bool, run_id: str) -> None:
+    """A run's state (active, ended, expired or revoked), grants and expiry."""
     with _client(broker) as client:
-        click.echo(json.dumps(_show(client.get(f"/v1/runs/{run_id}")), indent=2))
+        record = _show(client.get(f"/v1/runs/{run_id}"))
+    if as_json:
+        click.echo(json.dumps(record, indent=2))
+        return
+    click.echo(render_run(record))
+
+
+def render_run(record: dict[str, Any]) -> str:
+    import time
+
+    def when(epoch: Any) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(epoch))) if epoch else "-"
+
+    rows = [("run", record.get("run_id")), ("runtime", record.get("runtime")),
+            ("state", record.get("state")), ("created", when(record.get("created"))),
+            ("expires", when(record.get("expires")))]
+    if record.get("ended_at"):
+        rows.append(("ended", f"{when(record.get('ended_at'))} by {record.get('ended_by')}"))
+    if record.get("why"):
+        rows.append(("why", record.get("why")))
+    for grant in record.get("grants") or []:
+        params = ",".join(f"{k}={v}" for k, v in sorted((grant.get("params") or {}).items()))
+        rows.append(("grant", f"{grant.get('upstream')}:{grant.get('purpose')}"
+                              + (f":{params}" if params else "")))
+    return "\n".join(f"{k:<8} {v}" for k, v in rows)
 
 
 @run_group.command("end")
 @BROKER_OPTION
 @click.argument("run_id")
-def run_end(broker: str, run_id: str) -> None:
+def run_end(broker: str | None, run_id: str) -> None:
     """End a run: its tokens stop verifying."""
     with _client(broker) as client:
         record = _show(client.delete(f"/v1/runs/{run_id}"))
@@ -140,8 +202,9 @@ def _hvac() -> Any:
 
 
 KEY_OPTIONS = [
-    click.option("--mount", default="transit", show_default=True),
-    click.option("--key", "key_name", default="valetkey-tokens", show_default=True),
+    click.option("--mount", default="transit", show_default=True, help="Vault transit mount."),
+    click.option("--key", "key_name", default="valetkey-tokens", show_default=True,
+                 help="Transit key that signs run tokens."),
 ]
 
 
@@ -151,16 +214,20 @@ def key_options(func: Any) -> Any:
     return func
 
 
-@click.group("keys")
+@click.group("keys", context_settings={"help_option_names": ["-h", "--help"]})
 def keys_group() -> None:
     """Manage the token signing key in Vault transit."""
 
 
-def _print_key(client: Any, mount: str, key_name: str) -> None:
+def _print_key(client: Any, mount: str, key_name: str, as_json: bool = False) -> None:
     data = client.secrets.transit.read_key(name=key_name, mount_point=mount)["data"]
     low = max(1, int(data.get("min_decryption_version") or 1))
     versions = sorted(int(v) for v in data["keys"])
     live = [v for v in versions if v >= low]
+    if as_json:
+        click.echo(json.dumps({"key": key_name, "mount": mount, "latest_version": int(data["latest_version"]),
+                               "live_versions": live, "retired_versions": [v for v in versions if v < low]}))
+        return
     click.echo(f"key {key_name}: latest v{data['latest_version']}, live versions {live}")
 
 
@@ -180,7 +247,7 @@ def keys_rotate(mount: str, key_name: str) -> None:
 
 @keys_group.command("retire")
 @key_options
-@click.option("--below", type=int, required=True, help="retire every version lower than this")
+@click.option("--below", type=int, required=True, help="Retire every version lower than this.")
 def keys_retire(mount: str, key_name: str, below: int) -> None:
     """Retire old versions: tokens they signed stop verifying once verifiers refresh the JWKS."""
     import hvac.exceptions
@@ -197,11 +264,13 @@ def keys_retire(mount: str, key_name: str, below: int) -> None:
 
 @keys_group.command("list")
 @key_options
-def keys_list(mount: str, key_name: str) -> None:
+@JSON_OPTION
+def keys_list(mount: str, key_name: str, as_json: bool) -> None:
+    """The signing key's latest and live versions."""
     import hvac.exceptions
 
     try:
-        _print_key(_hvac(), mount, key_name)
+        _print_key(_hvac(), mount, key_name, as_json)
     except (hvac.exceptions.VaultError, requests.RequestException) as exc:
         fail(f"cannot read key: {type(exc).__name__}")
 

@@ -9,8 +9,11 @@ import click
 
 from policies.load import PolicyLoadError, load_policy_dir
 
+CONTEXT = {"help_option_names": ["-h", "--help"]}
 
-@click.group()
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(package_name="valetkey", message="%(prog)s %(version)s")
 def main() -> None:
     """valetkey: keep real credentials out of agent sandboxes."""
 
@@ -30,6 +33,10 @@ def policy_check(directory: Path) -> None:
         for problem in exc.problems:
             click.echo(f"error: {problem}", err=True)
         click.echo(f"{len(exc.problems)} problem(s) in {directory}", err=True)
+        sys.exit(1)
+    if not policies.upstreams and not policies.runtimes:
+        click.echo(f"error: no policy documents in {directory} (expected *.yaml files with "
+                   "kind: upstream or kind: runtime)", err=True)
         sys.exit(1)
     for up in policies.upstreams.values():
         flag = "  allow_private: true" if up.allow_private else ""
@@ -98,8 +105,9 @@ def vault_bootstrap(policy_dir: Path | None, hcl_dir: Path | None) -> None:
 
 def _register() -> None:
     from valetkey.broker_cli import COMMANDS
+    from valetkey.secret_cli import secret_group
 
-    for command in COMMANDS:
+    for command in (*COMMANDS, secret_group):
         main.add_command(command)
 
 
