@@ -44,6 +44,7 @@ class GatewaySettings:
     upstream_ca_file: str | None = None
     broker_ca_file: str | None = None
     revocation_max_stale: float = 3.0
+    token_leeway: int = 5  # clock skew tolerated on a run token's exp/nbf/iat
     metrics_listen: tuple[str, int] | None = None  # a /metrics port the sandbox cannot reach
     alert_webhook_url: str = ""
     alert_webhook_secret: Secret | None = None
@@ -85,6 +86,7 @@ class GatewaySettings:
             upstream_ca_file=_ca_file(env, "VALETKEY_UPSTREAM_CA_FILE"),
             broker_ca_file=_ca_file(env, "VALETKEY_BROKER_CA_FILE"),
             revocation_max_stale=float(duration(env, "VALETKEY_REVOCATION_MAX_STALE", "3s")),
+            token_leeway=int_setting("VALETKEY_TOKEN_LEEWAY", env.get("VALETKEY_TOKEN_LEEWAY", "5"), 0, 60),
             metrics_listen=_listen(env, "VALETKEY_METRICS_LISTEN"),
             alert_webhook_url=checked_url("VALETKEY_ALERT_WEBHOOK_URL", env["VALETKEY_ALERT_WEBHOOK_URL"])
             if env.get("VALETKEY_ALERT_WEBHOOK_URL") else "",
