@@ -147,10 +147,10 @@ async def describe(record: RunRecord, store: RevocationStore, now: float) -> dic
 
 
 def _covering(record: RunRecord, revocations: Iterable[Revocation]) -> Revocation | None:
-    """A runtime, upstream or global revocation written after the run started, if any."""
+    """A runtime, upstream or global revocation that refuses the run's tokens, if any."""
     for rev in revocations:
         hits = (rev.scope is Scope.ALL or (rev.scope is Scope.RUNTIME and rev.name == record.runtime)
                 or (rev.scope is Scope.UPSTREAM and rev.name in record.audiences))
-        if hits and rev.blocked and rev.not_before >= record.created:
+        if hits and (rev.blocked or rev.not_before >= record.created):  # as Revocation.covers
             return rev
     return None

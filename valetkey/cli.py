@@ -13,7 +13,7 @@ CONTEXT = {"help_option_names": ["-h", "--help"]}
 
 
 @click.group(context_settings=CONTEXT)
-@click.version_option(package_name="valetkey", message="%(prog)s %(version)s")
+@click.version_option(package_name="valetkey", prog_name="valetkey", message="%(prog)s %(version)s")
 def main() -> None:
     """valetkey: keep real credentials out of agent sandboxes."""
 
