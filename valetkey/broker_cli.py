@@ -53,6 +53,9 @@ def broker_serve(log_level: str) -> None:
     except (SettingsError, PolicyLoadError) as exc:
         fail(str(exc))
         return
+    refused = vault_token_refused(settings.vault_addr, settings.vault_token.reveal())
+    if refused:
+        fail(refused)
     configure_logging(log_level.upper())
     app = create_app(settings, policies)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level,
@@ -73,6 +76,20 @@ def broker_url(broker: str | None) -> tuple[str, str]:
     if dev is not None:
         return dev.broker_url, "the running dev stack's, from its dev.json"
     return DEFAULT_BROKER, "the default"
+
+
+def vault_token_refused(addr: str, token: str) -> str:
+    """Why the broker must not start with this VAULT_TOKEN, or "" (also when Vault is unreachable:
+    then the broker starts and /readyz reports it until Vault answers)."""
+    try:
+        answer = httpx.get(f"{addr}/v1/auth/token/lookup-self", headers={"X-Vault-Token": token}, timeout=5)
+    except httpx.TransportError:
+        return ""
+    if answer.status_code in (401, 403):
+        return (f"Vault at {addr} refused the broker's VAULT_TOKEN ({answer.status_code}): give the broker "
+                "its own valid token (policy valetkey-broker); not starting, since every caller would "
+                "otherwise be told its own token is invalid")
+    return ""
 
 
 @contextmanager

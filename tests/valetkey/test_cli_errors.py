@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import click
@@ -15,7 +17,7 @@ from click.testing import CliRunner, Result
 
 from tests.support.broker_stack import Broker
 from valetkey.cli import main
-from valetkey.dev.services import RedisServer, free_port
+from valetkey.dev.services import OpenBaoDev, RedisServer, free_port
 from valetkey.dev.state import DevState, DirLock
 
 UNSET = {"VALETKEY_BROKER_URL": None, "VALETKEY_REDIS_URL": None, "VALETKEY_DEV_DIR": None,
@@ -204,3 +206,17 @@ def test_machine_output_is_json_everywhere(command: list[str]) -> None:
         assert isinstance(leaf, click.Group)
         leaf = leaf.commands[name]
     assert any(isinstance(p, click.Option) and "--json" in p.opts for p in leaf.params)
+
+
+def test_broker_refuses_to_start_with_a_token_vault_refuses(vault: OpenBaoDev, redis_server: RedisServer,
+                                                            tmp_path: Path) -> None:
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("VALETKEY_", "VAULT_"))},
+           "VAULT_ADDR": vault.addr, "VAULT_TOKEN": "s.not-a-token", "VALETKEY_REDIS_URL": redis_server.url,
+           "VALETKEY_LISTEN": f"127.0.0.1:{free_port()}"}
+    ran = subprocess.run([sys.executable, "-m", "valetkey.cli", "broker", "serve"], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert ran.returncode == 1
+    assert ran.stderr == (f"error: Vault at {vault.addr} refused the broker's VAULT_TOKEN (403): give the "
+                          "broker its own valid token (policy valetkey-broker); not starting, since every "
+                          "caller would otherwise be told its own token is invalid\n")
+    assert "s.not-a-token" not in ran.stdout + ran.stderr

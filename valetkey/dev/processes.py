@@ -14,7 +14,7 @@ import httpx
 from contract.errors import ServiceError
 from valetkey.dev.services import LOOPBACK
 
-READY_TIMEOUT = 15.0
+READY_TIMEOUT = 60.0  # a bound, not a target: a loaded laptop starting four gateways at once
 
 
 def port_free(port: int) -> bool:
