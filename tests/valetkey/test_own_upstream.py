@@ -1,5 +1,7 @@
 """The README's "Your own upstream in dev", step by step, from a fresh state directory.
 
+The policy is the README's own file (only the port differs).
+
 Own policy for a real local upstream that accepts only its real secret; `valetkey dev` says the
 secret is a placeholder and how to write the real one; the real secret is written once; a run is
 created with the runtime token dev printed; a call through the gateway reaches the upstream with
@@ -31,37 +33,16 @@ pytestmark = pytest.mark.slow
 VALETKEY = str(Path(sys.executable).parent / "valetkey")
 REAL_SECRET = "inv-real-secret-0123456789"
 
-UPSTREAM = """\
-version: 1
-kind: upstream
-name: inventory
-description: Our inventory service, on this machine.
-base_url: http://127.0.0.1:{port}
-allow_private: true
-secret: {{mount: secret, path: valetkey/upstreams/inventory, field: token}}
-inject:
-  header: Authorization
-  format: "Bearer {{secret}}"
-env:
-  placeholder: INVENTORY_TOKEN
-  base_url: INVENTORY_URL
-purposes:
-  read_items:
-    why: Read one item of the inventory.
-    methods: [GET]
-    paths:
-      - /items/{{item}}
-"""
+README = Path(__file__).resolve().parents[2] / "README.md"
 
-RUNTIME = """\
-version: 1
-kind: runtime
-name: inventory-agent
-identity: {vault_policy: valetkey-runtime-inventory-agent}
-max_ttl: 15m
-allow:
-  inventory: [read_items]
-"""
+
+def readme_policy(port: int) -> str:
+    """The policy file of the README's walkthrough, pointed at this test's upstream port."""
+    text = README.read_text()
+    block = text[text.index("# mine/inventory.yaml\n"):]
+    block = block[:block.index("```")]
+    assert "http://127.0.0.1:9000" in block
+    return block.replace("http://127.0.0.1:9000", f"http://127.0.0.1:{port}")
 
 
 class Inventory(BaseHTTPRequestHandler):
@@ -111,8 +92,7 @@ def call(env: dict[str, str]) -> httpx.Response:
 def test_own_upstream_walkthrough(tmp_path: Path, inventory: int) -> None:
     policies = tmp_path / "policies"
     policies.mkdir()
-    (policies / "inventory.yaml").write_text(UPSTREAM.format(port=inventory))
-    (policies / "inventory-agent.yaml").write_text(RUNTIME)
+    (policies / "inventory.yaml").write_text(readme_policy(inventory))
     ports = [str(free_port()) for _ in range(3)]
     proc = subprocess.Popen(
         [VALETKEY, "dev", "--policy-dir", "policies", "--no-demo", "--vault-port", ports[0],
