@@ -135,8 +135,8 @@ async def describe(record: RunRecord, store: RevocationStore, now: float) -> dic
     """
     view = record.to_json()
     revocation = await store.get(key_of(Scope.RUN, record.run_id))
-    if revocation is not None and revocation.who == record.runtime:
-        revocation = None  # the runtime ended its own run: "ended"
+    if revocation is not None and _by_itself(record, revocation):
+        revocation = None  # the runtime ended its own run (or the run itself, from the sandbox)
     revocation = revocation or _covering(record, (await store.load()).values())
     if revocation is not None:
         view.update(state=REVOKED, revoked_by=revocation.who, revoked_at=revocation.when,
@@ -144,6 +144,11 @@ async def describe(record: RunRecord, store: RevocationStore, now: float) -> dic
     elif record.state == ACTIVE and record.expires <= now:
         view["state"] = EXPIRED
     return view
+
+
+def _by_itself(record: RunRecord, revocation: Revocation) -> bool:
+    # `run end` with the runtime's token records the runtime; /.valetkey/end-run records "run:<id> (…)"
+    return revocation.who == record.runtime or revocation.who.startswith(f"run:{record.run_id} ")
 
 
 def _covering(record: RunRecord, revocations: Iterable[Revocation]) -> Revocation | None:
