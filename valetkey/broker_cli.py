@@ -201,12 +201,13 @@ def render_run(record: dict[str, Any]) -> str:
 
 @run_group.command("end")
 @BROKER_OPTION
+@JSON_OPTION
 @click.argument("run_id")
-def run_end(broker: str | None, run_id: str) -> None:
+def run_end(broker: str | None, as_json: bool, run_id: str) -> None:
     """End a run: its tokens stop verifying."""
     with _client(broker) as client:
         record = _show(client.delete(f"/v1/runs/{run_id}"))
-    click.echo(f"run {record['run_id']} {record['state']}")
+    click.echo(json.dumps(record, indent=2) if as_json else f"run {record['run_id']} {record['state']}")
 
 
 def _hvac() -> Any:
@@ -215,7 +216,16 @@ def _hvac() -> Any:
     addr, token = os.environ.get("VAULT_ADDR", ""), os.environ.get("VAULT_TOKEN", "")
     if not addr or not token:
         fail("set VAULT_ADDR and VAULT_TOKEN (a token with the valetkey-admin policy)")
-    return hvac.Client(url=addr, token=token)
+    return hvac.Client(url=addr, token=token, timeout=10)
+
+
+def vault_failure(action: str, exc: Exception) -> str:
+    """One line for a failed Vault call: unreachable names VAULT_ADDR, refused names the token."""
+    addr = os.environ.get("VAULT_ADDR", "")
+    if isinstance(exc, requests.RequestException):
+        return f"{action}: cannot reach Vault at {addr} ({type(exc).__name__}); check VAULT_ADDR"
+    return (f"{action}: Vault at {addr} refused ({type(exc).__name__}); VAULT_TOKEN needs the "
+            "valetkey-admin policy")
 
 
 KEY_OPTIONS = [
@@ -259,7 +269,7 @@ def keys_rotate(mount: str, key_name: str) -> None:
         client.secrets.transit.rotate_key(name=key_name, mount_point=mount)
         _print_key(client, mount, key_name)
     except (hvac.exceptions.VaultError, requests.RequestException) as exc:
-        fail(f"rotation failed: {type(exc).__name__}")
+        fail(vault_failure("rotation failed", exc))
 
 
 @keys_group.command("retire")
@@ -276,7 +286,7 @@ def keys_retire(mount: str, key_name: str, below: int) -> None:
         )
         _print_key(client, mount, key_name)
     except (hvac.exceptions.VaultError, requests.RequestException) as exc:
-        fail(f"retire failed: {type(exc).__name__}")
+        fail(vault_failure("retire failed", exc))
 
 
 @keys_group.command("list")
@@ -289,7 +299,7 @@ def keys_list(mount: str, key_name: str, as_json: bool) -> None:
     try:
         _print_key(_hvac(), mount, key_name, as_json)
     except (hvac.exceptions.VaultError, requests.RequestException) as exc:
-        fail(f"cannot read key: {type(exc).__name__}")
+        fail(vault_failure("cannot read the key", exc))
 
 
 def _commands() -> list[click.Command]:

@@ -220,3 +220,39 @@ def test_broker_refuses_to_start_with_a_token_vault_refuses(vault: OpenBaoDev, r
                           "broker its own valid token (policy valetkey-broker); not starting, since every "
                           "caller would otherwise be told its own token is invalid\n")
     assert "s.not-a-token" not in ran.stdout + ran.stderr
+
+
+def test_secret_put_writes_the_policy_path_from_stdin(vault: OpenBaoDev, tmp_path: Path) -> None:
+    import hvac
+
+    (tmp_path / "api.yaml").write_text(
+        "version: 1\nkind: upstream\nname: api\nbase_url: https://api.example.com\n"
+        "secret: {mount: secret, path: valetkey/tests/secret-put, field: token}\n"
+        "inject: {header: Authorization, format: 'Bearer {secret}'}\n"
+        "env: {placeholder: API_TOKEN, base_url: API_URL}\n"
+        "purposes:\n  read:\n    why: read\n    methods: [GET]\n    paths: [/items]\n")
+    result = CliRunner().invoke(main, ["secret", "put", "api", "--policy-dir", str(tmp_path)],
+                                input="written-by-test\n",
+                                env={**UNSET, "VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.root_token})
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == ("wrote the secret of api to secret/valetkey/tests/secret-put (field token); "
+                             "its gateway uses it at its next refresh (VALETKEY_SECRET_REFRESH)\n")
+    assert "written-by-test" not in result.stdout + result.stderr
+    read = hvac.Client(url=vault.addr, token=vault.root_token).secrets.kv.v2.read_secret_version(
+        path="valetkey/tests/secret-put", mount_point="secret", raise_on_deleted_version=True)
+    assert read["data"]["data"] == {"token": "written-by-test"}  # no trailing newline
+
+
+def test_secret_put_for_an_unknown_upstream_lists_the_upstreams() -> None:
+    from policies.load import SHIPPED_POLICY_DIR
+
+    line = one_error_line(cli("secret", "put", "gitlab", "--policy-dir", str(SHIPPED_POLICY_DIR)))
+    assert line == (f"error: no upstream 'gitlab' in {SHIPPED_POLICY_DIR}; upstreams: anthropic, github, "
+                    "github-git, openai, slack")
+
+
+def test_keys_with_vault_unreachable_names_vault_addr() -> None:
+    port = free_port()
+    line = one_error_line(cli("keys", "list", VAULT_ADDR=f"http://127.0.0.1:{port}"))
+    assert line == (f"error: cannot read the key: cannot reach Vault at http://127.0.0.1:{port} "
+                    "(ConnectionError); check VAULT_ADDR")

@@ -86,7 +86,8 @@ class DevStack:
             for service, label in ((vault, "OpenBao dev server"), (redis, "Redis")):
                 self._service(stack, service, label)
             self.echo("• Vault bootstrap: transit key, ACL policies, AppRoles, demo secrets …")
-            dev_vault = DevVault.create(vault.addr, vault.root_token, policies)
+            dev_vault = DevVault.create(vault.addr, vault.root_token, policies,
+                                        secret_kind="real" if demo_ports else "placeholder")
             self.echo("  done")
             if demo_ports:
                 self._demo_upstreams(stack, dev_vault, demo_ports)
@@ -171,8 +172,9 @@ class DevStack:
     def _summary(self, vault: DevVault, broker_url: str, redis_url: str, gateways: dict[str, int],
                  took: float) -> None:
         self.echo("")
+        secrets = "demo secrets" if self.policy_dir is None else "placeholder secrets"
         self.echo(f"valetkey dev stack is up in {took:.1f}s "
-                  "(development only: in-memory Vault, demo secrets)")
+                  f"(development only: in-memory Vault, {secrets})")
         self.echo(f"  broker    {broker_url}")
         for name, port in gateways.items():
             self.echo(f"  gateway   {name:<11} http://{LOOPBACK}:{port}")
