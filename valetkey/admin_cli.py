@@ -69,6 +69,8 @@ def revocations_command(broker: str | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(records, indent=2))
         return
+    if not records:
+        click.echo("no revocations recorded", err=True)
     for r in records:
         state = "standing" if r["blocked"] else f"lifted by {r['lifted_by']} at {_when(r['lifted_at'])}"
         if r["scope"] == "run":

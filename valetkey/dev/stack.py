@@ -85,9 +85,10 @@ class DevStack:
             vault, redis = OpenBaoDev(port=self.vault_port), RedisServer(port=self.redis_port)
             for service, label in ((vault, "OpenBao dev server"), (redis, "Redis")):
                 self._service(stack, service, label)
-            self.echo("• Vault bootstrap: transit key, ACL policies, AppRoles, demo secrets …")
+            kind = "demo secrets" if demo_ports else "placeholder secrets"
+            self.echo(f"• Vault bootstrap: transit key, ACL policies, AppRoles, {kind} …")
             dev_vault = DevVault.create(vault.addr, vault.root_token, policies,
-                                        secret_kind="real" if demo_ports else "placeholder")
+                                        seed_kind="real" if demo_ports else "placeholder")
             self.echo("  done")
             if demo_ports:
                 self._demo_upstreams(stack, dev_vault, demo_ports)
@@ -194,9 +195,10 @@ class DevStack:
         write_secret_file(admin, vault.admin_token)
         self.echo("")
         self.echo("Tokens (development only, files of mode 0600):")
+        width = max([len(f"runtime {n}") for n in written] + [len("security team")])
         for name, path in written.items():
-            self.echo(f"  runtime {name:<14} {path}")
-        self.echo(f"  security team          {admin}")
+            self.echo(f"  {'runtime ' + name:<{width}}  {path}")
+        self.echo(f"  {'security team':<{width}}  {admin}")
         if self.workdir != Path(DEFAULT_DIR).resolve():
             self.echo("The CLI finds this stack when told where it is: "
                       f"export VALETKEY_DEV_DIR={self.workdir}")

@@ -69,13 +69,13 @@ class DevVault:
     @classmethod
     def create(
         cls, addr: str, root_token: str, policies: PolicySet, layout: Layout | None = None,
-        secret_kind: str = "real",
+        seed_kind: str = "real",
     ) -> DevVault:
         """Bootstrap the Vault at ``addr``, seed demo secrets, mint broker and admin tokens."""
         lay = layout or Layout()
         with open_client(addr, root_token) as client:
             report = bootstrap(client, policies, lay)
-            seeded = seed_demo_secrets(client, policies, secret_kind)
+            seeded = seed_demo_secrets(client, policies, seed_kind)
             broker = _create_token(client, BROKER_POLICY)
             admin = _create_token(client, ADMIN_POLICY)
         return cls(
