@@ -28,13 +28,13 @@ REDIS_OPTION = click.option(
 
 @click.command("revoke")
 @BROKER_OPTION
-@click.option("--run", "run_id", help="One run: its tokens stop everywhere; its Vault tokens are revoked.")
-@click.option("--runtime", help="Every run this runtime started, and its new mints.")
-@click.option("--upstream", help="Kill switch for one gateway's audience.")
-@click.option("--all", "everything", is_flag=True, help="Every token and every mint.")
-@click.option("--reason", default="", help="Why (recorded with who and when).")
-@click.option("--lift", is_flag=True, help="Lift a runtime, upstream or global revocation.")
-def revoke_command(broker: str | None, run_id: str | None, runtime: str | None, upstream: str | None,
+@click.option("--run", "run_id", help="one run: its tokens stop everywhere; its Vault tokens are revoked")
+@click.option("--runtime", help="every run this runtime started, and its new mints")
+@click.option("--upstream", help="kill switch for one gateway's audience")
+@click.option("--all", "everything", is_flag=True, help="every token and every mint")
+@click.option("--reason", default="", help="why (recorded with who and when)")
+@click.option("--lift", is_flag=True, help="lift a runtime, upstream or global revocation")
+def revoke_command(broker: str, run_id: str | None, runtime: str | None, upstream: str | None,
                    everything: bool, reason: str, lift: bool) -> None:
     """Revoke a run, a runtime, an upstream or everything (or --lift one)."""
     chosen = [(s, n) for s, n in (("run", run_id), ("runtime", runtime), ("upstream", upstream),

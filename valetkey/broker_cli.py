@@ -213,15 +213,23 @@ def run_end(broker: str | None, as_json: bool, run_id: str) -> None:
 def _hvac() -> Any:
     import hvac
 
-    addr, token = os.environ.get("VAULT_ADDR", ""), os.environ.get("VAULT_TOKEN", "")
+    addr, token = vault_addr(), os.environ.get("VAULT_TOKEN", "")
     if not addr or not token:
         fail("set VAULT_ADDR and VAULT_TOKEN (a token with the valetkey-admin policy)")
     return hvac.Client(url=addr, token=token, timeout=10)
 
 
+def vault_addr() -> str:
+    """``VAULT_ADDR``, else a running ``valetkey dev`` stack's Vault, else ""."""
+    from valetkey.dev.state import find_running
+
+    dev = find_running()
+    return os.environ.get("VAULT_ADDR") or (dev.vault_addr if dev else "")
+
+
 def vault_failure(action: str, exc: Exception) -> str:
     """One line for a failed Vault call: unreachable names VAULT_ADDR, refused names the token."""
-    addr = os.environ.get("VAULT_ADDR", "")
+    addr = vault_addr()
     if isinstance(exc, requests.RequestException):
         return f"{action}: cannot reach Vault at {addr} ({type(exc).__name__}); check VAULT_ADDR"
     return (f"{action}: Vault at {addr} refused ({type(exc).__name__}); VAULT_TOKEN needs the "
@@ -243,7 +251,9 @@ def key_options(func: Any) -> Any:
 
 @click.group("keys", context_settings={"help_option_names": ["-h", "--help"]})
 def keys_group() -> None:
-    """Manage the token signing key in Vault transit."""
+    """Manage the token signing key in Vault transit.
+
+    Uses VAULT_ADDR (else a running `valetkey dev` stack's Vault) and VAULT_TOKEN (the admin token)."""
 
 
 def _print_key(client: Any, mount: str, key_name: str, as_json: bool = False) -> None:
