@@ -226,12 +226,17 @@ def test_logs_carry_no_token(broker: Broker, caplog: pytest.LogCaptureFixture) -
     assert runtime_token not in text
 
 
-def test_run_show_says_expired_until_purged(broker: Broker) -> None:
+@pytest.mark.anyio
+async def test_run_show_says_expired_until_purged(broker: Broker) -> None:
     bundle = broker.mint("notifier", [SLACK], ttl=1).json()
     time.sleep(1.2)
     with broker.client(broker.vault.runtime_token("notifier")) as client:
         shown = client.get(f"/v1/runs/{bundle['run_id']}")
     assert (shown.status_code, shown.json()["state"]) == (200, "expired")
+    async with broker.verifier("slack") as slack:  # within the exp leeway, the run check refuses
+        with pytest.raises(TokenInvalid) as info:
+            await slack.verify(bundle["env"]["SLACK_BOT_TOKEN"])
+    assert (info.value.check, info.value.detail) == ("run", "token rejected: run has expired")
 
 
 def test_run_show_says_revoked_by_whom_and_why(broker: Broker) -> None:
