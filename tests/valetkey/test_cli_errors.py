@@ -67,24 +67,25 @@ def test_unreachable_broker_from_the_environment() -> None:
     assert f"http://127.0.0.1:{port} (from --broker or VALETKEY_BROKER_URL)" in line
 
 
-def _write_dev_state(directory: Path, broker_url: str, redis_url: str, pid: int) -> None:
+def _write_dev_state(directory: Path, broker_url: str, redis_url: str) -> None:
     directory.mkdir(exist_ok=True)
-    DevState(pid, broker_url, redis_url, "http://127.0.0.1:1", str(directory)).write(directory)
+    DevState(os.getpid(), broker_url, redis_url, "http://127.0.0.1:1", str(directory)).write(directory)
 
 
 def test_cli_finds_a_running_dev_stack_without_flags(broker: Broker, redis_server: RedisServer,
                                                      tmp_path: Path) -> None:
-    _write_dev_state(tmp_path / ".valetkey-dev", broker.url, redis_server.url, os.getpid())
-    shown = cli("revocations", "--json", token=broker.vault.admin_token)
+    with DirLock(tmp_path / ".valetkey-dev"):  # what a live `valetkey dev` holds
+        _write_dev_state(tmp_path / ".valetkey-dev", broker.url, redis_server.url)
+        shown = cli("revocations", "--json", token=broker.vault.admin_token)
+        audit = cli("audit", "query", "--since", "1m", "--json")
     assert shown.exit_code == 0, shown.stderr
     assert isinstance(json.loads(shown.stdout), list)
-    audit = cli("audit", "query", "--since", "1m", "--json")
     assert audit.exit_code == 0, audit.stderr
 
 
 def test_a_dead_dev_stack_is_not_used(broker: Broker, tmp_path: Path) -> None:
-    dead = 2**22 + 12345  # above the usual pid_max: no such process
-    _write_dev_state(tmp_path / ".valetkey-dev", broker.url, "redis://127.0.0.1:1", dead)
+    """A dev.json left behind (the stack was killed) with nobody holding the lock: ignored."""
+    _write_dev_state(tmp_path / ".valetkey-dev", broker.url, "redis://127.0.0.1:1")
     line = one_error_line(cli("revocations", token=broker.vault.admin_token))
     assert "cannot reach the broker at http://127.0.0.1:8400 (the default)" in line
 

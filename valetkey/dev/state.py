@@ -52,23 +52,28 @@ class DevState:
 
     @classmethod
     def read(cls, directory: Path) -> DevState | None:
-        """The state of a live stack in ``directory``, or None (no file, unreadable, process gone)."""
+        """The state of a live stack in ``directory``, or None (no file, unreadable, stack gone).
+
+        Live means: some process holds the directory's lock (a pid could have been reused)."""
         try:
             data = json.loads((directory / STATE_FILE).read_text())
             state = cls(**data)
         except (OSError, ValueError, TypeError):
             return None
-        return state if _alive(state.pid) else None
+        return state if _locked(directory) else None
 
 
-def _alive(pid: int) -> bool:
+def _locked(directory: Path) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with (directory / LOCK_FILE).open("a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return True
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            return False
+    except OSError:
         return False
-    except PermissionError:
-        return True
-    return True
 
 
 def find_running(explicit: Path | None = None) -> DevState | None:
