@@ -106,8 +106,9 @@ FILTERS = [
     click.option("--runtime", default="", help="One runtime."),
     click.option("--upstream", default="", help="One upstream."),
     click.option("--decision", type=click.Choice(["allow", "deny", "error"]), default=None,
-                 help="allow, deny, or error (the gateway or upstream failed: 5xx, timeout, "
-                      "unavailable dependency) [default: all]."),
+                 help="allow; deny (refused, status < 500); error (the gateway could not complete "
+                      "it, status >= 500: upstream unreachable or timed out, Vault or Redis down). An "
+                      "upstream's own 4xx/5xx answer is allow [default: all]."),
     click.option("--reason", default="", help="A reason code, e.g. purpose_not_granted."),
     click.option("--kind", type=click.Choice(["request", "run", "revocation", "alert"]), default=None,
                  help="Entry kind [default: all]."),
