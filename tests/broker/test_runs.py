@@ -6,9 +6,9 @@ import json
 import logging
 import shlex
 import socket
-import time
 from typing import Any
 
+import anyio
 import pytest
 
 from contract.errors import TokenInvalid
@@ -229,7 +229,7 @@ def test_logs_carry_no_token(broker: Broker, caplog: pytest.LogCaptureFixture) -
 @pytest.mark.anyio
 async def test_run_show_says_expired_until_purged(broker: Broker) -> None:
     bundle = broker.mint("notifier", [SLACK], ttl=1).json()
-    time.sleep(1.2)
+    await anyio.sleep(1.2)
     with broker.client(broker.vault.runtime_token("notifier")) as client:
         shown = client.get(f"/v1/runs/{bundle['run_id']}")
     assert (shown.status_code, shown.json()["state"]) == (200, "expired")
