@@ -32,7 +32,7 @@ from broker.callers import Caller
 from broker.grants import parse_run_request
 from broker.openapi import OPENAPI
 from broker.reaper import Reaper
-from broker.runs import RunRecord, new_run_id
+from broker.runs import RunRecord, describe, new_run_id
 from broker.services import Services, authenticate, event, services
 from broker.settings import BrokerSettings
 from contract import audit_stream
@@ -89,7 +89,8 @@ async def _owned_run(request: Request) -> tuple[Caller, RunRecord]:
 
 async def get_run(request: Request) -> Response:
     _, record = await _owned_run(request)
-    return JSONResponse(record.to_json())
+    svc = services(request)
+    return JSONResponse(await describe(record, svc.revocations, time.time()))
 
 
 async def end_run(request: Request) -> Response:

@@ -41,11 +41,18 @@ class Caller:
 
     def require_admin(self) -> None:
         if not self.is_admin:
-            raise Forbidden("this action needs the security-team role", Reason.NOT_ADMIN)
+            raise Forbidden(
+                f"this token identifies runtime {self.name!r}, not the security team: revocations, "
+                "audit and other runtimes' runs need a token carrying the admin Vault policy "
+                "(VALETKEY_ADMIN_POLICY, valetkey-admin by default)", Reason.NOT_ADMIN,
+            )
 
     def require_runtime(self) -> Runtime:
         if self.runtime is None:
-            raise Forbidden("only a runtime may create runs", Reason.UNKNOWN_CALLER)
+            raise Forbidden(
+                "this token is the security team's (admin policy), not a runtime's: only a runtime "
+                "may create runs; use the token of the runtime the run is for", Reason.UNKNOWN_CALLER,
+            )
         return self.runtime
 
 
@@ -79,10 +86,25 @@ def identify(info: Mapping[str, Any], policies: PolicySet, admin_policy: str) ->
     if len(matches) > 1:
         raise Unauthenticated("caller matches more than one runtime", Reason.AMBIGUOUS_CALLER)
     if not matches and not is_admin:
-        raise Unauthenticated("caller is not a known runtime", Reason.UNKNOWN_CALLER)
+        raise Unauthenticated(
+            f"caller is not a known runtime: this Vault token carries policies {sorted(held)}, "
+            f"none of which identifies a runtime ({_identities(policies)}) or the security team "
+            f"({admin_policy!r})", Reason.UNKNOWN_CALLER,
+        )
     runtime = matches[0] if matches else None
     name = runtime.name if runtime else f"admin:{accessor[:12]}"
     return Caller(name=name, runtime=runtime, is_admin=is_admin, accessor=accessor)
+
+
+def _identities(policies: PolicySet) -> str:
+    """What each runtime is known by, for the message that says a token matches none of them."""
+    named = []
+    for rt in policies.runtimes.values():
+        ident = rt.identity
+        how = (f"policy {ident.vault_policy!r}" if ident.vault_policy
+               else f"AppRole role {ident.approle_role!r}" if ident.approle_role else "an entity")
+        named.append(f"{rt.name}: {how}")
+    return "; ".join(named) or "no runtime in policy"
 
 
 class CallerAuthenticator:

@@ -86,12 +86,15 @@ def _grant(index: int, grant: Any, runtime: Runtime, policies: PolicySet) -> tup
         raise BadRequest(f"{where}: params must map names to strings")
     upstream = policies.upstreams.get(upstream_name)
     if upstream is None:
-        raise BadRequest(f"{where}: no gateway serves {upstream_name!r}", Reason.UNKNOWN_AUDIENCE)
+        raise BadRequest(
+            f"{where}: no upstream {upstream_name!r} in policy; upstreams: {sorted(policies.upstreams)} "
+            f"(runtime {runtime.name} may use {sorted(runtime.allow)})", Reason.UNKNOWN_AUDIENCE,
+        )
     purpose = upstream.purposes.get(purpose_name)
     if purpose is None:
         raise BadRequest(
-            f"{where}: upstream {upstream_name} has no purpose {purpose_name!r}",
-            Reason.UNKNOWN_PURPOSE,
+            f"{where}: upstream {upstream_name} has no purpose {purpose_name!r}; its purposes: "
+            f"{sorted(upstream.purposes)}", Reason.UNKNOWN_PURPOSE,
         )
     if not runtime.may_grant(upstream_name, purpose_name):
         raise Forbidden(

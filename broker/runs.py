@@ -1,8 +1,9 @@
-"""The run registry in Redis: one JSON record per run, expiring with the run.
+"""The run registry in Redis: one JSON record per run, kept for ``KEEP_EXPIRED`` past its expiry.
 
-An ended run keeps its record (state ``ended``) until its expiry so that verification can say
-"ended" rather than "unknown"; both deny. Redis errors become ``Unavailable(redis_unavailable)``
-so every caller fails closed.
+An ended run keeps its record (state ``ended``) so that verification can say "ended" rather than
+"unknown"; both deny. A run past its expiry reads as ``expired`` until the record is purged, and
+``describe`` shows a revoked run as ``revoked`` with who and why. Redis errors become
+``Unavailable(redis_unavailable)`` so every caller fails closed.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
@@ -19,10 +20,14 @@ from redis.exceptions import RedisError
 
 from contract.claims import AccessClaims
 from contract.errors import NotFound, Reason, TokenInvalid, Unavailable
+from contract.revocations import Revocation, RevocationStore, Scope, key_of
 
 KEY_PREFIX = "valetkey:run:"
 ACTIVE = "active"
 ENDED = "ended"
+EXPIRED = "expired"  # shown, never stored: an active run past its expiry
+REVOKED = "revoked"  # shown, never stored: an ended run whose tokens a revocation refuses
+KEEP_EXPIRED = 3600  # seconds a run's record outlives it, so `run show` can say "expired"
 T = TypeVar("T")
 
 
@@ -66,7 +71,7 @@ class RunRegistry:
         self._clock = clock
 
     async def create(self, record: RunRecord) -> None:
-        ttl = max(1, record.expires - int(self._clock()))
+        ttl = max(1, record.expires - int(self._clock())) + KEEP_EXPIRED
         payload = json.dumps(record.to_json())
         await _redis(lambda: self._redis.set(KEY_PREFIX + record.run_id, payload, ex=ttl, nx=True))
 
@@ -110,6 +115,8 @@ class RunRegistry:
             raise TokenInvalid("token rejected: run is unknown or expired", check="run")
         if record.state != ACTIVE:
             raise TokenInvalid("token rejected: run has ended", check="run")
+        if record.expires <= self._clock():
+            raise TokenInvalid("token rejected: run has expired", check="run")
         if record.runtime != claims.client_id:
             raise TokenInvalid("token rejected: run belongs to another runtime", check="run")
 
@@ -118,3 +125,37 @@ class RunRegistry:
             return bool(await _redis(lambda: self._redis.ping()))
         except Unavailable:
             return False
+
+
+async def describe(record: RunRecord, store: RevocationStore, now: float) -> dict[str, Any]:
+    """What ``run show`` says: the record with its state as a person reads it.
+
+    ``expired`` for an active run past its expiry; ``revoked`` with ``revoked_by``, ``revoked_at``
+    and ``why`` when a revocation other than the runtime ending its own run refuses its tokens.
+    """
+    view = record.to_json()
+    revocation = await store.get(key_of(Scope.RUN, record.run_id))
+    if revocation is not None and _by_itself(record, revocation):
+        revocation = None  # the runtime ended its own run (or the run itself, from the sandbox)
+    revocation = revocation or _covering(record, (await store.load()).values())
+    if revocation is not None:
+        view.update(state=REVOKED, revoked_by=revocation.who, revoked_at=revocation.when,
+                    why=revocation.why, revoked_scope=revocation.scope.value)
+    elif record.state == ACTIVE and record.expires <= now:
+        view["state"] = EXPIRED
+    return view
+
+
+def _by_itself(record: RunRecord, revocation: Revocation) -> bool:
+    # `run end` with the runtime's token records the runtime; /.valetkey/end-run records "run:<id> (…)"
+    return revocation.who == record.runtime or revocation.who.startswith(f"run:{record.run_id} ")
+
+
+def _covering(record: RunRecord, revocations: Iterable[Revocation]) -> Revocation | None:
+    """A runtime, upstream or global revocation that refuses the run's tokens, if any."""
+    for rev in revocations:
+        hits = (rev.scope is Scope.ALL or (rev.scope is Scope.RUNTIME and rev.name == record.runtime)
+                or (rev.scope is Scope.UPSTREAM and rev.name in record.audiences))
+        if hits and (rev.blocked or rev.not_before >= record.created):  # as Revocation.covers
+            return rev
+    return None

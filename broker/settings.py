@@ -15,6 +15,7 @@ from contract.env import (
     directory,
     duration,
     int_setting,
+    listen,
     required,
     url_setting,
 )
@@ -55,17 +56,17 @@ class BrokerSettings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> BrokerSettings:
         env = os.environ if env is None else env
-        listen = env.get("VALETKEY_LISTEN", "127.0.0.1:8400")
-        host, _, port = listen.rpartition(":")
-        issuer = env.get("VALETKEY_ISSUER", f"http://{listen}")
+        address = env.get("VALETKEY_LISTEN", "127.0.0.1:8400")
+        host, port = listen("VALETKEY_LISTEN", address)
+        issuer = env.get("VALETKEY_ISSUER", f"http://{address}")
         return cls(
             vault_addr=url_setting(env, "VAULT_ADDR", "http://127.0.0.1:8200"),
             vault_token=Secret(required(env, "VAULT_TOKEN")),
             redis_url=url_setting(env, "VALETKEY_REDIS_URL", "redis://127.0.0.1:6379/0", REDIS_SCHEMES),
             policy_dir=directory(env, "VALETKEY_POLICY_DIR", SHIPPED_POLICY_DIR),
             issuer=checked_url("VALETKEY_ISSUER", issuer),
-            host=host.strip("[]") or "127.0.0.1",
-            port=int_setting("VALETKEY_LISTEN", port, 0, 65535),
+            host=host,
+            port=port,
             admin_policy=env.get("VALETKEY_ADMIN_POLICY", "valetkey-admin"),
             transit_mount=env.get("VALETKEY_TRANSIT_MOUNT", "transit"),
             signing_key=env.get("VALETKEY_SIGNING_KEY", "valetkey-tokens"),

@@ -56,6 +56,14 @@ def int_setting(key: str, value: str, low: int, high: int) -> int:
     return number
 
 
+def listen(key: str, value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) → (host, port); a bare host or port names the form."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        raise SettingsError(f"{key}={value!r} is not HOST:PORT (e.g. 127.0.0.1:8400 or 0.0.0.0:8080)")
+    return host.strip("[]") or "127.0.0.1", int_setting(key, port, 0, 65535)
+
+
 def duration(env: Mapping[str, str], key: str, default: str) -> int:
     try:
         return parse_duration(env.get(key, default))

@@ -48,7 +48,7 @@ from contract.secret import token_hash
 from contract.strictjson import parse_object
 
 ALGORITHMS = (ALGORITHM,)
-DEFAULT_LEEWAY = 30
+DEFAULT_LEEWAY = 5  # seconds of clock skew tolerated on exp, nbf and iat
 MAX_LIFETIME = 24 * 3600
 CACHE_SIZE = 10_000
 _SEGMENT = re.compile(r"^[A-Za-z0-9_-]+$")

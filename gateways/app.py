@@ -137,7 +137,7 @@ class Gateway:
                                     resolver=resolver),
             keys=keys,
             verifier=TokenVerifier(issuer=settings.issuer, audience=upstream.name, keys=keys,
-                                   run_check=revocations.run_check),
+                                   run_check=revocations.run_check, leeway=settings.token_leeway),
             client=UpstreamClient(upstream, connect=settings.connect_timeout, read=settings.read_timeout,
                                   ca_file=settings.upstream_ca_file),
             audit=audit, metrics=metrics, http=http, revocations=revocations,

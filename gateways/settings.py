@@ -14,6 +14,7 @@ from contract.env import (
     directory,
     duration,
     int_setting,
+    listen,
     url_setting,
 )
 from contract.secret import Secret
@@ -43,6 +44,7 @@ class GatewaySettings:
     upstream_ca_file: str | None = None
     broker_ca_file: str | None = None
     revocation_max_stale: float = 3.0
+    token_leeway: int = 5  # clock skew tolerated on a run token's exp/nbf/iat
     metrics_listen: tuple[str, int] | None = None  # a /metrics port the sandbox cannot reach
     alert_webhook_url: str = ""
     alert_webhook_secret: Secret | None = None
@@ -54,8 +56,8 @@ class GatewaySettings:
     @classmethod
     def from_env(cls, upstream: str, env: Mapping[str, str] | None = None) -> GatewaySettings:
         env = os.environ if env is None else env
-        listen = env.get("VALETKEY_LISTEN", "127.0.0.1:8080")
-        host, _, port = listen.rpartition(":")
+        address = env.get("VALETKEY_LISTEN", "127.0.0.1:8080")
+        host, port = listen("VALETKEY_LISTEN", address)
         token = env.get("VAULT_TOKEN", "")
         role_id = env.get("VALETKEY_VAULT_ROLE_ID", "")
         secret_id = _secret_id(env)
@@ -75,8 +77,8 @@ class GatewaySettings:
             policy_dir=directory(env, "VALETKEY_POLICY_DIR", SHIPPED_POLICY_DIR),
             broker_url=broker_url,
             issuer=checked_url("VALETKEY_ISSUER", env.get("VALETKEY_ISSUER", broker_url)),
-            host=host.strip("[]") or "127.0.0.1",
-            port=int_setting("VALETKEY_LISTEN", port, 0, 65535),
+            host=host,
+            port=port,
             secret_refresh=duration(env, "VALETKEY_SECRET_REFRESH", "60s"),
             secret_max_stale=duration(env, "VALETKEY_SECRET_MAX_STALE", "10m"),
             jwks_max_age=duration(env, "VALETKEY_JWKS_MAX_AGE", "5m"),
@@ -86,6 +88,7 @@ class GatewaySettings:
             upstream_ca_file=_ca_file(env, "VALETKEY_UPSTREAM_CA_FILE"),
             broker_ca_file=_ca_file(env, "VALETKEY_BROKER_CA_FILE"),
             revocation_max_stale=float(duration(env, "VALETKEY_REVOCATION_MAX_STALE", "3s")),
+            token_leeway=int_setting("VALETKEY_TOKEN_LEEWAY", env.get("VALETKEY_TOKEN_LEEWAY", "5"), 0, 60),
             metrics_listen=_listen(env, "VALETKEY_METRICS_LISTEN"),
             alert_webhook_url=checked_url("VALETKEY_ALERT_WEBHOOK_URL", env["VALETKEY_ALERT_WEBHOOK_URL"])
             if env.get("VALETKEY_ALERT_WEBHOOK_URL") else "",
@@ -103,8 +106,10 @@ def _listen(env: Mapping[str, str], key: str) -> tuple[str, int] | None:
     value = env.get(key, "")
     if not value:
         return None
-    host, _, port = value.rpartition(":")
-    return host.strip("[]") or "127.0.0.1", int_setting(key, port, 1, 65535)
+    host, port = listen(key, value)
+    if port == 0:
+        raise SettingsError(f"{key}: 0 is outside 1..65535")
+    return host, port
 
 
 def _ca_file(env: Mapping[str, str], key: str) -> str | None:

@@ -7,6 +7,7 @@ shows every error.
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +40,9 @@ def keys(
     ok = True
     allowed = sorted(required | optional)
     for key in sorted(set(doc) - required - optional, key=str):
-        r.add(rule, f"unknown key {key!r}", f"remove it; allowed keys: {allowed}")
+        close = difflib.get_close_matches(str(key), allowed, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else "remove it; "
+        r.add(rule, f"unknown key {key!r}", f"{hint}allowed keys: {allowed}")
         ok = False
     for key in sorted(required - set(doc)):
         r.add(rule, f"missing key {key!r}", f"add `{key}:`")

@@ -135,6 +135,8 @@ def _injection(value: Any, rule: str, r: Report) -> Injection | None:
             return None
         param = string(doc["query"], f"{rule} query", r, QUERY_PARAM)
         return None if param is None else Injection(Placement.QUERY, param=param)
+    if not keys(doc, rule, set(), {"header", "format", "accept", "basic", "query"}, r):
+        return None  # an unknown key such as `hedaer:` is named with a did-you-mean
     r.add(rule, "no placement", "give exactly one of `header:`, `basic:` or `query:`")
     return None
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import getpass
 import json
-import os
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -26,7 +25,13 @@ from contract.errors import Unavailable, ValetkeyError
 from contract.revocation_events import record_event, revoke_and_record
 from contract.revocations import Revocation, RevocationStore, Scope, new_revocation
 from policies.units import parse_duration
-from valetkey.broker_cli import BROKER_OPTION, _client, _show, fail
+from valetkey.cli_support import BROKER_OPTION, JSON_OPTION, broker_client, broker_url, fail, show
+
+REDIS_OPTION = click.option(
+    "--redis", "redis_url", envvar="VALETKEY_REDIS_URL", default=None, metavar="URL",
+    help="Redis holding the audit stream [env: VALETKEY_REDIS_URL; default: a running "
+         "`valetkey dev` stack's].",
+)
 
 T = TypeVar("T")
 
@@ -38,14 +43,17 @@ class NotRecorded(Exception):
     """This attempt did not record the revocation; another may."""
 
 
-def until_recorded(attempt: Callable[[], T], what: str) -> T:
-    """Call ``attempt`` until it records ``what``, saying so on stderr; Ctrl-C gives up, loudly."""
+def until_recorded(attempt: Callable[[], T], what: str, wait: bool = True) -> T:
+    """Call ``attempt`` until it records ``what``, saying so on stderr; Ctrl-C gives up, loudly.
+    Without ``wait``, the first failure ends the command (one line, exit 1)."""
     delay = RETRY_FIRST
     try:
         while True:
             try:
                 return attempt()
             except NotRecorded as exc:
+                if not wait:
+                    fail(f"{exc}; the {what} was NOT recorded")
                 click.echo(f"{what}: NOT recorded yet ({exc}); retrying in {delay:g}s "
                            "(Ctrl-C to give up)", err=True)
             time.sleep(delay)
@@ -64,16 +72,18 @@ def _recorded(response: httpx.Response) -> dict[str, Any]:
         hint = " (Vault down? --break-glass writes to Redis directly)" \
             if body.get("error") == "vault_unavailable" else ""
         raise NotRecorded(f"503 {body.get('error')}: {body.get('detail')}{hint}")
-    return _show(response)
+    return show(response)
 
 
-def _via_broker(client: httpx.Client, method: str, path: str, body: dict[str, Any] | None = None
-                ) -> Callable[[], dict[str, Any]]:
+def _via_broker(client: httpx.Client, source: str, method: str, path: str,
+                body: dict[str, Any] | None = None) -> Callable[[], dict[str, Any]]:
     def attempt() -> dict[str, Any]:
         try:
             return _recorded(client.request(method, path, json=body))
         except httpx.TransportError as exc:
-            raise NotRecorded(f"broker unreachable: {type(exc).__name__}") from None
+            raise NotRecorded(f"cannot reach the broker at {str(client.base_url).rstrip('/')} ({source}): "
+                              f"{type(exc).__name__}; start it, or give its address with --broker URL "
+                              "or VALETKEY_BROKER_URL") from None
 
     return attempt
 
@@ -86,16 +96,19 @@ def _via_broker(client: httpx.Client, method: str, path: str, body: dict[str, An
 @click.option("--all", "everything", is_flag=True, help="every token and every mint")
 @click.option("--reason", default="", help="why (recorded with who and when)")
 @click.option("--lift", is_flag=True, help="lift a runtime, upstream or global revocation")
+@click.option("--no-wait", "no_wait", is_flag=True,
+              help="fail at once (exit 1) instead of retrying until the broker has recorded it")
 @click.option("--break-glass", "break_glass", is_flag=True,
               help="write to Redis directly, without the broker or Vault (see docs/operations.md)")
 @click.option("--redis", "redis_url", envvar="VALETKEY_REDIS_URL", default="",
               help="with --break-glass: the Redis that holds the revocations [$VALETKEY_REDIS_URL]")
 def revoke_command(broker: str, run_id: str | None, runtime: str | None, upstream: str | None,
-                   everything: bool, reason: str, lift: bool, break_glass: bool, redis_url: str) -> None:
+                   everything: bool, reason: str, lift: bool, no_wait: bool, break_glass: bool,
+                   redis_url: str) -> None:
     """Revoke a run, a runtime, an upstream or everything (or --lift one).
 
     Retries until the broker has recorded it (a 503 or an unreachable broker records nothing),
-    saying so on stderr; Ctrl-C gives up."""
+    saying so on stderr; Ctrl-C gives up (exit 1), as does --no-wait at the first failure."""
     chosen = [(s, n) for s, n in (("run", run_id), ("runtime", runtime), ("upstream", upstream),
                                   ("all", "" if everything else None)) if n is not None]
     if len(chosen) != 1:
@@ -104,25 +117,34 @@ def revoke_command(broker: str, run_id: str | None, runtime: str | None, upstrea
     what = f"{'lift of' if lift else 'revocation of'} {scope} {name}".rstrip()
     why = reason or "revoked from the command line"
     record: dict[str, Any]
+    unknown_run = False
     if break_glass:
         if not redis_url:
             fail("--break-glass needs --redis URL (or VALETKEY_REDIS_URL)")
-        revocation = until_recorded(lambda: _break_glass(redis_url, Scope(scope), name, why, lift), what)
+        revocation = until_recorded(lambda: _break_glass(redis_url, Scope(scope), name, why, lift), what,
+                                    wait=not no_wait)
         record = {"when": revocation.when, "who": revocation.who, "why": revocation.why,
                   "lifted_by": revocation.lifted_by}
     else:
-        with _client(broker) as client:
+        source = broker_url(broker)[1]
+        with broker_client(broker) as client:
             if lift:
                 path = "/v1/revocations/all" if scope == "all" else f"/v1/revocations/{scope}/{name}"
-                record = until_recorded(_via_broker(client, "DELETE", path), what)
+                record = until_recorded(_via_broker(client, source, "DELETE", path), what, wait=not no_wait)
             else:
                 body = {"scope": scope, "name": name, "reason": why}
-                record = until_recorded(_via_broker(client, "POST", "/v1/revocations", body), what)
+                record = until_recorded(_via_broker(client, source, "POST", "/v1/revocations", body), what,
+                                        wait=not no_wait)
+                unknown_run = scope == "run" and client.get(f"/v1/runs/{name}").status_code == 404
     if lift:
         click.echo(f"lifted {scope} {name}".rstrip() + f" (by {record['lifted_by']})")
         return
     click.echo(f"revoked {scope} {name}".rstrip() + f" at {_when(record['when'])} by {record['who']}: "
                f"{record['why']}")
+    if unknown_run:
+        click.echo(f"warning: the broker has no run {name!r} (never created, mistyped, or expired and "
+                   "purged); the revocation is recorded anyway, so any token for that ID is refused",
+                   err=True)
 
 
 def _break_glass(url: str, scope: Scope, name: str, why: str, lift: bool) -> Revocation:
@@ -163,14 +185,16 @@ def _break_glass(url: str, scope: Scope, name: str, why: str, lift: bool) -> Rev
 
 @click.command("revocations")
 @BROKER_OPTION
-@click.option("--json", "as_json", is_flag=True)
-def revocations_command(broker: str, as_json: bool) -> None:
+@JSON_OPTION
+def revocations_command(broker: str | None, as_json: bool) -> None:
     """List recorded revocations (standing and lifted)."""
-    with _client(broker) as client:
-        records = _show(client.get("/v1/revocations"))["revocations"]
+    with broker_client(broker) as client:
+        records = show(client.get("/v1/revocations"))["revocations"]
     if as_json:
         click.echo(json.dumps(records, indent=2))
         return
+    if not records:
+        click.echo("no revocations recorded", err=True)
     for r in records:
         state = "standing" if r["blocked"] else f"lifted by {r['lifted_by']} at {_when(r['lifted_at'])}"
         if r["scope"] == "run":
@@ -183,21 +207,36 @@ def _when(epoch: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
 
 
-def _redis() -> aioredis.Redis:
-    url = os.environ.get("VALETKEY_REDIS_URL", "")
-    if not url:
-        fail("set VALETKEY_REDIS_URL to the Redis that holds the audit stream")
+def _redis_url(explicit: str | None) -> str:
+    """``--redis`` or ``VALETKEY_REDIS_URL``, else a running ``valetkey dev`` stack's Redis."""
+    from valetkey.dev.state import find_running
+
+    if explicit:
+        return explicit
+    dev = find_running()
+    if dev is None:
+        fail("no Redis given: set --redis URL or VALETKEY_REDIS_URL to the Redis that holds the audit "
+             "stream (or start `valetkey dev`)")
+    return dev.redis_url
+
+
+def _redis(url: str) -> aioredis.Redis:
     return aioredis.Redis.from_url(url, socket_timeout=5.0)
 
 
 FILTERS = [
-    click.option("--run", "run_id", default="", help="one run"),
-    click.option("--runtime", default="", help="one runtime"),
-    click.option("--upstream", default="", help="one upstream"),
-    click.option("--decision", type=click.Choice(["", "allow", "deny", "error"]), default=""),
-    click.option("--reason", default="", help="a reason code, e.g. purpose_not_granted"),
-    click.option("--kind", type=click.Choice(["", "request", "run", "revocation", "alert"]), default=""),
-    click.option("--json", "as_json", is_flag=True, help="raw JSON lines"),
+    REDIS_OPTION,
+    click.option("--run", "run_id", default="", help="One run."),
+    click.option("--runtime", default="", help="One runtime."),
+    click.option("--upstream", default="", help="One upstream."),
+    click.option("--decision", type=click.Choice(["allow", "deny", "error"]), default=None,
+                 help="allow; deny (refused, status < 500); error (the gateway could not complete "
+                      "it, status >= 500: upstream unreachable or timed out, Vault or Redis down). An "
+                      "upstream's own 4xx/5xx answer is allow [default: all]."),
+    click.option("--reason", default="", help="A reason code, e.g. purpose_not_granted."),
+    click.option("--kind", type=click.Choice(["request", "run", "revocation", "alert"]), default=None,
+                 help="Entry kind [default: all]."),
+    click.option("--json", "as_json", is_flag=True, help="Raw JSON lines."),
 ]
 
 
@@ -207,7 +246,7 @@ def filters(func: Any) -> Any:
     return func
 
 
-@click.group("audit")
+@click.group("audit", context_settings={"help_option_names": ["-h", "--help"]})
 def audit_group() -> None:
     """Read the audit stream (requests, revocations, alerts)."""
 
@@ -219,15 +258,16 @@ def _print(entry: dict[str, Any], as_json: bool) -> None:
 
 @audit_group.command("tail")
 @filters
-@click.option("-n", "--lines", default=20, show_default=True, help="how many recent entries")
-@click.option("--follow", "-f", is_flag=True, help="keep printing new entries")
-def audit_tail(run_id: str, runtime: str, upstream: str, decision: str, reason: str, kind: str,
-               as_json: bool, lines: int, follow: bool) -> None:
+@click.option("-n", "--lines", default=20, show_default=True, help="How many recent entries.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new entries.")
+def audit_tail(redis_url: str | None, run_id: str, runtime: str, upstream: str, decision: str | None,
+               reason: str, kind: str | None, as_json: bool, lines: int, follow: bool) -> None:
     """The most recent entries, oldest first; --follow streams new ones."""
-    flt = audit_stream.Filter(run_id, runtime, upstream, decision, reason, kind)
+    flt = audit_stream.Filter(run_id, runtime, upstream, decision or "", reason, kind or "")
+    url = _redis_url(redis_url)
 
     async def run() -> None:
-        client = _redis()
+        client = _redis(url)
         try:
             recent = await audit_stream.query(client, flt, limit=lines)
             for entry in reversed(recent):
@@ -239,17 +279,18 @@ def audit_tail(run_id: str, runtime: str, upstream: str, decision: str, reason: 
         finally:
             await client.aclose()
 
-    _run(run)
+    _run(run, url)
 
 
 @audit_group.command("query")
 @filters
-@click.option("--since", default="1h", show_default=True, help="how far back, e.g. 15m, 2h, 1d")
-@click.option("--limit", default=1000, show_default=True)
-def audit_query(run_id: str, runtime: str, upstream: str, decision: str, reason: str, kind: str,
-                as_json: bool, since: str, limit: int) -> None:
+@click.option("--since", default="1h", show_default=True, help="How far back, e.g. 15m, 2h, 1d.")
+@click.option("--limit", default=1000, show_default=True, help="At most this many entries.")
+def audit_query(redis_url: str | None, run_id: str, runtime: str, upstream: str, decision: str | None,
+                reason: str, kind: str | None, as_json: bool, since: str, limit: int) -> None:
     """Entries matching every filter given, oldest first, within --since."""
-    flt = audit_stream.Filter(run_id, runtime, upstream, decision, reason, kind)
+    flt = audit_stream.Filter(run_id, runtime, upstream, decision or "", reason, kind or "")
+    url = _redis_url(redis_url)
     try:
         window = parse_duration(since)
     except ValueError as exc:
@@ -257,7 +298,7 @@ def audit_query(run_id: str, runtime: str, upstream: str, decision: str, reason:
         return
 
     async def run() -> None:
-        client = _redis()
+        client = _redis(url)
         try:
             found = await audit_stream.query(client, flt, since=time.time() - window, limit=limit)
         finally:
@@ -267,14 +308,15 @@ def audit_query(run_id: str, runtime: str, upstream: str, decision: str, reason:
         if not as_json:
             click.echo(f"{len(found)} entr{'y' if len(found) == 1 else 'ies'}", err=True)
 
-    _run(run)
+    _run(run, url)
 
 
-def _run(func: Any) -> None:
+def _run(func: Any, url: str) -> None:
     try:
         asyncio.run(func())
     except ValetkeyError as exc:
-        fail(exc.detail)
+        fail(f"cannot read the audit stream at {url}: {exc.detail}; give the right Redis with --redis URL "
+             "or VALETKEY_REDIS_URL")
     except KeyboardInterrupt:
         pass
 

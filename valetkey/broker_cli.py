@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
-import sys
 from typing import Any
 
 import click
@@ -15,24 +13,17 @@ import requests
 from broker.settings import BrokerSettings
 from contract.env import SettingsError
 from policies.load import PolicyLoadError, load_policy_dir
+from valetkey.cli_support import BROKER_OPTION, JSON_OPTION, broker_client, configure_logging, fail, show
 
 
-def fail(message: str) -> None:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(1)
-
-
-def configure_logging(level: str = "INFO") -> None:
-    logging.basicConfig(level=level, format="%(message)s", stream=sys.stdout, force=True)
-
-
-@click.group("broker")
+@click.group("broker", context_settings={"help_option_names": ["-h", "--help"]})
 def broker_group() -> None:
     """The control plane."""
 
 
 @broker_group.command("serve")
-@click.option("--log-level", default="info", show_default=True)
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]), help="Log level.")
 def broker_serve(log_level: str) -> None:
     """Serve the broker API (settings from VAULT_ADDR, VAULT_TOKEN, VALETKEY_* variables)."""
     import uvicorn
@@ -45,27 +36,27 @@ def broker_serve(log_level: str) -> None:
     except (SettingsError, PolicyLoadError) as exc:
         fail(str(exc))
         return
+    refused = vault_token_refused(settings.vault_addr, settings.vault_token.reveal())
+    if refused:
+        fail(refused)
     configure_logging(log_level.upper())
     app = create_app(settings, policies)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level,
                 access_log=False, server_header=False)
 
 
-def _client(broker: str) -> httpx.Client:
-    token = os.environ.get("VAULT_TOKEN", "")
-    if not token:
-        fail("set VAULT_TOKEN to your Vault token (the runtime's or the security team's)")
-    return httpx.Client(base_url=broker, headers={"X-Vault-Token": token}, timeout=10.0)
-
-
-def _show(response: httpx.Response) -> dict[str, Any]:
+def vault_token_refused(addr: str, token: str) -> str:
+    """Why the broker must not start with this VAULT_TOKEN, or "" (also when Vault is unreachable:
+    then the broker starts and /readyz reports it until Vault answers)."""
     try:
-        body: dict[str, Any] = response.json()
-    except ValueError:
-        body = {"error": "invalid_response", "detail": response.text[:200]}
-    if response.status_code >= 400:
-        fail(f"{response.status_code} {body.get('error')}: {body.get('detail')}")
-    return body
+        answer = httpx.get(f"{addr}/v1/auth/token/lookup-self", headers={"X-Vault-Token": token}, timeout=5)
+    except httpx.TransportError:
+        return ""
+    if answer.status_code in (401, 403):
+        return (f"Vault at {addr} refused the broker's VAULT_TOKEN ({answer.status_code}): give the broker "
+                "its own valid token (policy valetkey-broker); not starting, since every caller would "
+                "otherwise be told its own token is invalid")
+    return ""
 
 
 def parse_grant(text: str) -> dict[str, Any]:
@@ -83,12 +74,7 @@ def parse_grant(text: str) -> dict[str, Any]:
     return {"upstream": upstream, "purpose": purpose, "params": params}
 
 
-BROKER_OPTION = click.option(
-    "--broker", envvar="VALETKEY_BROKER_URL", default="http://127.0.0.1:8400", show_default=True
-)
-
-
-@click.group("run")
+@click.group("run", context_settings={"help_option_names": ["-h", "--help"]})
 def run_group() -> None:
     """Create, inspect and end runs (uses VAULT_TOKEN as the caller identity)."""
 
@@ -96,16 +82,17 @@ def run_group() -> None:
 @run_group.command("create")
 @BROKER_OPTION
 @click.option("--grant", "grants", multiple=True, required=True,
-              help="UPSTREAM:PURPOSE[:k=v,...], repeatable")
-@click.option("--ttl", default=None, help="e.g. 15m; default is the broker's")
-@click.option("--format", "fmt", type=click.Choice(["json", "env"]), default="json")
-def run_create(broker: str, grants: tuple[str, ...], ttl: str | None, fmt: str) -> None:
-    """Mint a run bundle; --format env prints dotenv lines for the sandbox."""
+              help="UPSTREAM:PURPOSE[:k=v,...], repeatable.")
+@click.option("--ttl", default=None, help="Run lifetime, e.g. 15m [default: the broker's].")
+@click.option("--format", "fmt", type=click.Choice(["json", "env"]), default="json", show_default=True,
+              help="json: the whole bundle; env: dotenv lines for the sandbox.")
+def run_create(broker: str | None, grants: tuple[str, ...], ttl: str | None, fmt: str) -> None:
+    """Mint a run bundle with a runtime's VAULT_TOKEN."""
     body: dict[str, Any] = {"grants": [parse_grant(g) for g in grants]}
     if ttl:
         body["ttl"] = ttl
-    with _client(broker) as client:
-        bundle = _show(client.post("/v1/runs", json=body))
+    with broker_client(broker) as client:
+        bundle = show(client.post("/v1/runs", json=body))
     if fmt == "env":
         click.echo(bundle["dotenv"], nl=False)
     else:
@@ -114,34 +101,79 @@ def run_create(broker: str, grants: tuple[str, ...], ttl: str | None, fmt: str) 
 
 @run_group.command("show")
 @BROKER_OPTION
+@JSON_OPTION
 @click.argument("run_id")
-def run_show(broker: str, run_id: str) -> None:
-    with _client(broker) as client:
-        click.echo(json.dumps(_show(client.get(f"/v1/runs/{run_id}")), indent=2))
+def run_show(broker: str | None, as_json: bool, run_id: str) -> None:
+    """A run's state (active, ended, expired or revoked), grants and expiry."""
+    with broker_client(broker) as client:
+        record = show(client.get(f"/v1/runs/{run_id}"))
+    if as_json:
+        click.echo(json.dumps(record, indent=2))
+        return
+    click.echo(render_run(record))
+
+
+def render_run(record: dict[str, Any]) -> str:
+    import time
+
+    def when(epoch: Any) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(epoch))) if epoch else "-"
+
+    rows = [("run", record.get("run_id")), ("runtime", record.get("runtime")),
+            ("state", record.get("state")), ("created", when(record.get("created"))),
+            ("expires", when(record.get("expires")))]
+    if record.get("ended_at"):
+        rows.append(("ended", f"{when(record.get('ended_at'))} by {record.get('ended_by')}"))
+    if record.get("why"):
+        rows.append(("why", record.get("why")))
+    for grant in record.get("grants") or []:
+        params = ",".join(f"{k}={v}" for k, v in sorted((grant.get("params") or {}).items()))
+        rows.append(("grant", f"{grant.get('upstream')}:{grant.get('purpose')}"
+                              + (f":{params}" if params else "")))
+    return "\n".join(f"{k:<8} {v}" for k, v in rows)
 
 
 @run_group.command("end")
 @BROKER_OPTION
+@JSON_OPTION
 @click.argument("run_id")
-def run_end(broker: str, run_id: str) -> None:
+def run_end(broker: str | None, as_json: bool, run_id: str) -> None:
     """End a run: its tokens stop verifying."""
-    with _client(broker) as client:
-        record = _show(client.delete(f"/v1/runs/{run_id}"))
-    click.echo(f"run {record['run_id']} {record['state']}")
+    with broker_client(broker) as client:
+        record = show(client.delete(f"/v1/runs/{run_id}"))
+    click.echo(json.dumps(record, indent=2) if as_json else f"run {record['run_id']} {record['state']}")
 
 
 def _hvac() -> Any:
     import hvac
 
-    addr, token = os.environ.get("VAULT_ADDR", ""), os.environ.get("VAULT_TOKEN", "")
+    addr, token = vault_addr(), os.environ.get("VAULT_TOKEN", "")
     if not addr or not token:
         fail("set VAULT_ADDR and VAULT_TOKEN (a token with the valetkey-admin policy)")
-    return hvac.Client(url=addr, token=token)
+    return hvac.Client(url=addr, token=token, timeout=10)
+
+
+def vault_addr() -> str:
+    """``VAULT_ADDR``, else a running ``valetkey dev`` stack's Vault, else ""."""
+    from valetkey.dev.state import find_running
+
+    dev = find_running()
+    return os.environ.get("VAULT_ADDR") or (dev.vault_addr if dev else "")
+
+
+def vault_failure(action: str, exc: Exception) -> str:
+    """One line for a failed Vault call: unreachable names VAULT_ADDR, refused names the token."""
+    addr = vault_addr()
+    if isinstance(exc, requests.RequestException):
+        return f"{action}: cannot reach Vault at {addr} ({type(exc).__name__}); check VAULT_ADDR"
+    return (f"{action}: Vault at {addr} refused ({type(exc).__name__}); VAULT_TOKEN needs the "
+            "valetkey-admin policy")
 
 
 KEY_OPTIONS = [
-    click.option("--mount", default="transit", show_default=True),
-    click.option("--key", "key_name", default="valetkey-tokens", show_default=True),
+    click.option("--mount", default="transit", show_default=True, help="Vault transit mount."),
+    click.option("--key", "key_name", default="valetkey-tokens", show_default=True,
+                 help="Transit key that signs run tokens."),
 ]
 
 
@@ -151,16 +183,22 @@ def key_options(func: Any) -> Any:
     return func
 
 
-@click.group("keys")
+@click.group("keys", context_settings={"help_option_names": ["-h", "--help"]})
 def keys_group() -> None:
-    """Manage the token signing key in Vault transit."""
+    """Manage the token signing key in Vault transit.
+
+    Uses VAULT_ADDR (else a running `valetkey dev` stack's Vault) and VAULT_TOKEN (the admin token)."""
 
 
-def _print_key(client: Any, mount: str, key_name: str) -> None:
+def _print_key(client: Any, mount: str, key_name: str, as_json: bool = False) -> None:
     data = client.secrets.transit.read_key(name=key_name, mount_point=mount)["data"]
     low = max(1, int(data.get("min_decryption_version") or 1))
     versions = sorted(int(v) for v in data["keys"])
     live = [v for v in versions if v >= low]
+    if as_json:
+        click.echo(json.dumps({"key": key_name, "mount": mount, "latest_version": int(data["latest_version"]),
+                               "live_versions": live, "retired_versions": [v for v in versions if v < low]}))
+        return
     click.echo(f"key {key_name}: latest v{data['latest_version']}, live versions {live}")
 
 
@@ -175,12 +213,12 @@ def keys_rotate(mount: str, key_name: str) -> None:
         client.secrets.transit.rotate_key(name=key_name, mount_point=mount)
         _print_key(client, mount, key_name)
     except (hvac.exceptions.VaultError, requests.RequestException) as exc:
-        fail(f"rotation failed: {type(exc).__name__}")
+        fail(vault_failure("rotation failed", exc))
 
 
 @keys_group.command("retire")
 @key_options
-@click.option("--below", type=int, required=True, help="retire every version lower than this")
+@click.option("--below", type=int, required=True, help="Retire every version lower than this.")
 def keys_retire(mount: str, key_name: str, below: int) -> None:
     """Retire old versions: tokens they signed stop verifying once verifiers refresh the JWKS."""
     import hvac.exceptions
@@ -192,28 +230,19 @@ def keys_retire(mount: str, key_name: str, below: int) -> None:
         )
         _print_key(client, mount, key_name)
     except (hvac.exceptions.VaultError, requests.RequestException) as exc:
-        fail(f"retire failed: {type(exc).__name__}")
+        fail(vault_failure("retire failed", exc))
 
 
 @keys_group.command("list")
 @key_options
-def keys_list(mount: str, key_name: str) -> None:
+@JSON_OPTION
+def keys_list(mount: str, key_name: str, as_json: bool) -> None:
+    """The signing key's latest and live versions."""
     import hvac.exceptions
 
     try:
-        _print_key(_hvac(), mount, key_name)
+        _print_key(_hvac(), mount, key_name, as_json)
     except (hvac.exceptions.VaultError, requests.RequestException) as exc:
-        fail(f"cannot read key: {type(exc).__name__}")
+        fail(vault_failure("cannot read the key", exc))
 
 
-def _commands() -> list[click.Command]:
-    from valetkey.admin_cli import COMMANDS as ADMIN_COMMANDS
-    from valetkey.dev.stack import dev_command
-    from valetkey.gateway_cli import gateway_group
-    from valetkey.selftest import selftest_command
-
-    return [broker_group, run_group, keys_group, dev_command, gateway_group, selftest_command,
-            *ADMIN_COMMANDS]
-
-
-COMMANDS = _commands()

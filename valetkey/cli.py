@@ -8,9 +8,19 @@ from pathlib import Path
 import click
 
 from policies.load import PolicyLoadError, load_policy_dir
+from valetkey.admin_cli import COMMANDS as ADMIN_COMMANDS
+from valetkey.broker_cli import broker_group, keys_group, run_group
+from valetkey.dev.stack import dev_command
+from valetkey.gateway_cli import gateway_group
+from valetkey.secret_cli import secret_group
+from valetkey.selftest import selftest_command
+
+CONTEXT = {"help_option_names": ["-h", "--help"]}
 
 
-@click.group()
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(package_name="valetkey", prog_name="valetkey", message="%(prog)s %(version)s")
 def main() -> None:
     """valetkey: keep real credentials out of agent sandboxes."""
 
@@ -30,6 +40,10 @@ def policy_check(directory: Path) -> None:
         for problem in exc.problems:
             click.echo(f"error: {problem}", err=True)
         click.echo(f"{len(exc.problems)} problem(s) in {directory}", err=True)
+        sys.exit(1)
+    if not policies.upstreams and not policies.runtimes:
+        click.echo(f"error: no policy documents in {directory} (expected *.yaml files with "
+                   "kind: upstream or kind: runtime)", err=True)
         sys.exit(1)
     for up in policies.upstreams.values():
         flag = "  allow_private: true" if up.allow_private else ""
@@ -96,14 +110,9 @@ def vault_bootstrap(policy_dir: Path | None, hcl_dir: Path | None) -> None:
         click.echo(line)
 
 
-def _register() -> None:
-    from valetkey.broker_cli import COMMANDS
-
-    for command in COMMANDS:
-        main.add_command(command)
-
-
-_register()
+for command in (broker_group, run_group, keys_group, gateway_group, secret_group, dev_command,
+                selftest_command, *ADMIN_COMMANDS):
+    main.add_command(command)
 
 if __name__ == "__main__":
     main()

@@ -21,7 +21,8 @@ def gateway_group() -> None:
 @gateway_group.command("serve")
 @click.option("--upstream", required=True, help="the upstream this gateway serves (its audience)")
 @click.option("--workers", type=int, default=1, show_default=True, help="worker processes")
-@click.option("--log-level", default="info", show_default=True)
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]), help="Log level.")
 def gateway_serve(upstream: str, workers: int, log_level: str) -> None:
     """Serve one upstream (settings from VAULT_ADDR, VALETKEY_* variables)."""
     import uvicorn

@@ -371,8 +371,8 @@ def env_from_file(path: Path) -> dict[str, str]:
 @click.option("--outside-url", default="http://example.com/", show_default=True,
               help="a URL outside the allowlist")
 @click.option("--alert-check-url", default="", help="where the alert receiver lists what it got (JSON)")
-@click.option("--timeout", default=2.0, show_default=True)
-@click.option("--json", "as_json_out", is_flag=True)
+@click.option("--timeout", default=2.0, show_default=True, help="Seconds each probe may take.")
+@click.option("--json", "as_json_out", is_flag=True, help="Machine-readable JSON output.")
 def selftest_command(env_file: Path | None, probes: tuple[str, ...], resolvers: tuple[str, ...],
                      outside_url: str, alert_check_url: str, timeout: float, as_json_out: bool) -> None:
     """Test the sandbox boundary (run inside it, with a throwaway run bundle: it ends that run)."""

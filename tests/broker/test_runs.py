@@ -8,6 +8,7 @@ import shlex
 import socket
 from typing import Any
 
+import anyio
 import pytest
 
 from contract.errors import TokenInvalid
@@ -223,3 +224,70 @@ def test_logs_carry_no_token(broker: Broker, caplog: pytest.LogCaptureFixture) -
     assert bundle["env"]["SLACK_BOT_TOKEN"] not in text
     assert bundle["env"]["SLACK_BOT_TOKEN"].split(".")[2] not in text
     assert runtime_token not in text
+
+
+@pytest.mark.anyio
+async def test_run_show_says_expired_until_purged(broker: Broker) -> None:
+    bundle = broker.mint("notifier", [SLACK], ttl=1).json()
+    await anyio.sleep(1.2)
+    with broker.client(broker.vault.runtime_token("notifier")) as client:
+        shown = client.get(f"/v1/runs/{bundle['run_id']}")
+    assert (shown.status_code, shown.json()["state"]) == (200, "expired")
+    async with broker.verifier("slack") as slack:  # within the exp leeway, the run check refuses
+        with pytest.raises(TokenInvalid) as info:
+            await slack.verify(bundle["env"]["SLACK_BOT_TOKEN"])
+    assert (info.value.check, info.value.detail) == ("run", "token rejected: run has expired")
+
+
+def test_run_show_says_revoked_by_whom_and_why(broker: Broker) -> None:
+    run_id = broker.mint("notifier", [SLACK]).json()["run_id"]
+    with broker.client(broker.vault.admin_token) as admin:
+        assert admin.post("/v1/revocations", json={"scope": "run", "name": run_id,
+                                                   "reason": "leaked in a log"}).status_code == 201
+        shown = admin.get(f"/v1/runs/{run_id}").json()
+    assert (shown["state"], shown["why"], shown["revoked_scope"]) == ("revoked", "leaked in a log", "run")
+    assert shown["revoked_by"].startswith("admin:")
+
+
+def test_run_ended_by_its_runtime_says_ended(broker: Broker) -> None:
+    run_id = broker.mint("notifier", [SLACK]).json()["run_id"]
+    with broker.client(broker.vault.runtime_token("notifier")) as client:
+        client.delete(f"/v1/runs/{run_id}")
+        shown = client.get(f"/v1/runs/{run_id}").json()
+    assert shown["state"] == "ended"
+    assert "revoked_by" not in shown
+
+
+@pytest.mark.parametrize(("token", "status", "named"), [
+    pytest.param("admin", 403, "this token is the security team's (admin policy), not a runtime's",
+                 id="admin-token-creates-a-run"),
+    pytest.param("gateway", 401, "caller is not a known runtime: this Vault token carries policies "
+                 "['default', 'valetkey-gateway-github'], none of which identifies a runtime "
+                 "(coding-agent: AppRole role 'valetkey-runtime-coding-agent'; notifier: policy "
+                 "'valetkey-runtime-notifier') or the security team ('valetkey-admin')",
+                 id="other-token-creates-a-run"),
+])
+def test_run_create_refusal_says_what_the_token_is(broker: Broker, token: str, status: int,
+                                                   named: str) -> None:
+    value = broker.vault.admin_token if token == "admin" else broker.vault.gateway_token("github")
+    with broker.client(value) as client:
+        response = client.post("/v1/runs", json={"grants": [SLACK]})
+    assert response.status_code == status
+    assert named in response.json()["detail"]
+
+
+def test_runtime_token_on_admin_route_says_what_it_lacks(broker: Broker) -> None:
+    with broker.client(broker.vault.runtime_token("notifier")) as client:
+        response = client.get("/v1/revocations")
+    assert (response.status_code, response.json()["error"]) == (403, "not_admin")
+    detail = response.json()["detail"]
+    assert detail.startswith("this token identifies runtime 'notifier', not the security team")
+    assert "valetkey-admin" in detail
+
+
+def test_unknown_upstream_lists_the_upstreams(broker: Broker) -> None:
+    response = broker.mint("coding-agent", [_grant("gitlab", "read")])
+    assert response.json()["error"] == "unknown_audience"
+    assert response.json()["detail"] == (
+        "grants[0]: no upstream 'gitlab' in policy; upstreams: ['anthropic', 'github', 'github-git', "
+        "'openai', 'slack'] (runtime coding-agent may use ['anthropic', 'github', 'github-git', 'openai'])")

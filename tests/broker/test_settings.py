@@ -34,3 +34,14 @@ def test_bad_values_are_named(extra: dict[str, str], named: str) -> None:
     with pytest.raises(SettingsError) as info:
         BrokerSettings.from_env({**BASE, **extra})
     assert named in str(info.value)
+
+
+@pytest.mark.parametrize("value", [
+    pytest.param("localhost", id="host-only"),
+    pytest.param("8400", id="port-only"),
+])
+def test_listen_without_host_port_names_the_form(value: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        BrokerSettings.from_env({**BASE, "VALETKEY_LISTEN": value})
+    assert str(info.value) == (f"VALETKEY_LISTEN={value!r} is not HOST:PORT "
+                               "(e.g. 127.0.0.1:8400 or 0.0.0.0:8080)")

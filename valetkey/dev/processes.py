@@ -14,7 +14,7 @@ import httpx
 from contract.errors import ServiceError
 from valetkey.dev.services import LOOPBACK
 
-READY_TIMEOUT = 15.0
+READY_TIMEOUT = 60.0  # a bound, not a target: a loaded laptop starting four gateways at once
 
 
 def port_free(port: int) -> bool:
@@ -45,10 +45,19 @@ class Child:
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        self.spawn()
+        self.wait_ready()
+
+    def spawn(self) -> None:
+        """Start the process without waiting: several children can then get ready side by side."""
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(  # noqa: S603 - fixed argv
                 self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
+
+    def wait_ready(self) -> None:
+        if self.proc is None:
+            raise ServiceError(f"{self.name} was never started")
         deadline = time.monotonic() + READY_TIMEOUT
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

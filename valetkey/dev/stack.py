@@ -27,7 +27,19 @@ from policies.model import PolicySet
 from valetkey.dev.demo.policies import DEMO_RUNTIME, DEMO_UPSTREAMS, demo_grants, write_demo_policies
 from valetkey.dev.processes import Child, check_ports, valetkey_argv
 from valetkey.dev.services import LOOPBACK, LocalService, OpenBaoDev, RedisServer, free_port
+from valetkey.dev.state import (
+    ADMIN_TOKEN_FILE,
+    DEFAULT_DIR,
+    ROOT_TOKEN_FILE,
+    DevState,
+    DirLock,
+    runtime_token_file,
+    state_dir,
+    write_secret_file,
+)
 from valetkey.dev.vault_seed import DevVault
+
+DEV_SECRET_REFRESH = "2s"  # noqa: S105 - a duration; a secret written with `valetkey secret put` reaches the gateway quickly
 
 ECHO = ('curl -s -H "Authorization: Bearer $GITHUB_TOKEN" '
         '"$GITHUB_API_URL/repos/acme/widgets/debug/headers"')
@@ -56,7 +68,9 @@ class DevStack:
         return {name: self.gateway_port + offset + i for i, name in enumerate(names)}
 
     def run(self, *, until_stopped: bool = True) -> None:
+        started = time.monotonic()
         with ExitStack() as stack:
+            stack.enter_context(DirLock(self.workdir))
             stack.callback(self._stop_children)
             policies, policy_dir, demo_ports = self._policies()
             names = self.upstreams or tuple(policies.upstreams)
@@ -71,15 +85,21 @@ class DevStack:
             vault, redis = OpenBaoDev(port=self.vault_port), RedisServer(port=self.redis_port)
             for service, label in ((vault, "OpenBao dev server"), (redis, "Redis")):
                 self._service(stack, service, label)
-            self.echo("• Vault bootstrap: transit key, ACL policies, AppRoles, demo secrets …")
-            dev_vault = DevVault.create(vault.addr, vault.root_token, policies)
+            kind = "demo secrets" if demo_ports else "placeholder secrets"
+            self.echo(f"• Vault bootstrap: transit key, ACL policies, AppRoles, {kind} …")
+            dev_vault = DevVault.create(vault.addr, vault.root_token, policies,
+                                        seed_kind="real" if demo_ports else "placeholder")
             self.echo("  done")
             if demo_ports:
                 self._demo_upstreams(stack, dev_vault, demo_ports)
             broker_url = self._broker(dev_vault, redis.url, policy_dir, gateways)
-            for name, port in gateways.items():
-                self._gateway(dev_vault, redis.url, policy_dir, broker_url, name, port)
-            self._summary(dev_vault, broker_url, redis.url, gateways)
+            self._gateways(dev_vault, redis.url, policy_dir, broker_url, gateways)
+            DevState(os.getpid(), broker_url, redis.url, vault.addr, str(policy_dir.resolve()),
+                     {n: f"http://{LOOPBACK}:{p}" for n, p in gateways.items()}).write(self.workdir)
+            self._summary(dev_vault, broker_url, redis.url, gateways, time.monotonic() - started)
+            self._tokens(dev_vault, policies)
+            if not demo_ports:
+                self._placeholders(tuple(gateways))
             if self.demo:
                 self._demo_run(dev_vault, broker_url, policies, names)
             if until_stopped:
@@ -131,23 +151,89 @@ class DevStack:
                           self.workdir / "broker.log"))
         return url
 
-    def _gateway(self, vault: DevVault, redis_url: str, policy_dir: Path, broker_url: str, name: str,
-                 port: int) -> None:
-        env = {**self._common_env(vault, redis_url, policy_dir), "VAULT_TOKEN": vault.gateway_token(name),
-               "VALETKEY_BROKER_URL": broker_url, "VALETKEY_LISTEN": f"{LOOPBACK}:{port}"}
-        self._start(Child(f"gateway {name}", valetkey_argv("gateway", "serve", "--upstream", name), env,
-                          f"http://{LOOPBACK}:{port}/.valetkey/readyz", self.workdir / f"gateway-{name}.log"))
+    def _gateways(self, vault: DevVault, redis_url: str, policy_dir: Path, broker_url: str,
+                  ports: dict[str, int]) -> None:
+        """Start every gateway at once, then wait for each: start-up time is the slowest one's."""
+        children = []
+        for name, port in ports.items():
+            env = {**self._common_env(vault, redis_url, policy_dir),
+                   "VAULT_TOKEN": vault.gateway_token(name),
+                   "VALETKEY_BROKER_URL": broker_url, "VALETKEY_LISTEN": f"{LOOPBACK}:{port}",
+                   "VALETKEY_SECRET_REFRESH": os.environ.get("VALETKEY_SECRET_REFRESH", DEV_SECRET_REFRESH)}
+            child = Child(f"gateway {name}", valetkey_argv("gateway", "serve", "--upstream", name), env,
+                          f"http://{LOOPBACK}:{port}/.valetkey/readyz", self.workdir / f"gateway-{name}.log")
+            self.children.append(child)
+            child.spawn()
+            children.append(child)
+        self.echo(f"• gateways: {', '.join(f'{n} on :{p}' for n, p in ports.items())} …")
+        for child in children:
+            child.wait_ready()
+        self.echo(f"  ready (logs {self.workdir}/gateway-*.log)")
 
-    def _summary(self, vault: DevVault, broker_url: str, redis_url: str, gateways: dict[str, int]) -> None:
+    def _summary(self, vault: DevVault, broker_url: str, redis_url: str, gateways: dict[str, int],
+                 took: float) -> None:
         self.echo("")
-        self.echo("valetkey dev stack is up (development only: in-memory Vault, demo secrets)")
+        secrets = "demo secrets" if self.policy_dir is None else "placeholder secrets"
+        self.echo(f"valetkey dev stack is up in {took:.1f}s "
+                  f"(development only: in-memory Vault, {secrets})")
         self.echo(f"  broker    {broker_url}")
         for name, port in gateways.items():
             self.echo(f"  gateway   {name:<11} http://{LOOPBACK}:{port}")
         self.echo(f"  redis     {redis_url}")
-        self.echo(f"  vault     {vault.addr}  (root token in {self.workdir / 'vault-root-token'})")
-        (self.workdir / "vault-root-token").write_text(vault.root_token + "\n")
-        (self.workdir / "vault-root-token").chmod(0o600)
+        self.echo(f"  vault     {vault.addr}  (root token in {self.workdir / ROOT_TOKEN_FILE})")
+        self.echo(f"  state     {self.workdir}  (logs, tokens, dev.json: where the CLI finds this stack)")
+        write_secret_file(self.workdir / ROOT_TOKEN_FILE, vault.root_token)
+
+    def _tokens(self, vault: DevVault, policies: PolicySet) -> None:
+        """Ready-to-use tokens for each runtime and the security team, and how to use them."""
+        written: dict[str, Path] = {}
+        for name, runtime in policies.runtimes.items():
+            if runtime.identity.vault_policy or runtime.identity.approle_role:
+                written[name] = self.workdir / runtime_token_file(name)
+                write_secret_file(written[name], vault.runtime_token(name))
+        admin = self.workdir / ADMIN_TOKEN_FILE
+        write_secret_file(admin, vault.admin_token)
+        self.echo("")
+        self.echo("Tokens (development only, files of mode 0600):")
+        width = max([len(f"runtime {n}") for n in written] + [len("security team")])
+        for name, path in written.items():
+            self.echo(f"  {'runtime ' + name:<{width}}  {path}")
+        self.echo(f"  {'security team':<{width}}  {admin}")
+        if self.workdir != Path(DEFAULT_DIR).resolve():
+            self.echo("The CLI finds this stack when told where it is: "
+                      f"export VALETKEY_DEV_DIR={self.workdir}")
+        else:
+            self.echo("The CLI finds this stack by itself when run from this directory (no --broker needed):")
+        first = next(iter(written), None)
+        if first is not None:
+            grant = self._example_grant(policies, first)
+            self.echo(f"  VAULT_TOKEN=$(cat {written[first]}) valetkey run create --grant {grant} "
+                      "--format env")
+        self.echo(f"  VAULT_TOKEN=$(cat {admin}) valetkey revoke --run RUN_ID --reason WHY")
+        self.echo(f"  VAULT_TOKEN=$(cat {admin}) valetkey run show RUN_ID")
+        self.echo("  valetkey audit query --since 15m")
+
+    @staticmethod
+    def _example_grant(policies: PolicySet, runtime: str) -> str:
+        for upstream, purposes in sorted(policies.runtimes[runtime].allow.items()):
+            for purpose in sorted(purposes):
+                params = policies.upstreams[upstream].purposes[purpose].params
+                bound = ",".join(f"{p}=VALUE" for p in params)
+                return f"{upstream}:{purpose}" + (f":{bound}" if bound else "")
+        return "UPSTREAM:PURPOSE"
+
+    def _placeholders(self, names: tuple[str, ...]) -> None:
+        if not names:
+            return
+        self.echo("")
+        self.echo("!" * 78)
+        self.echo(f"!! PLACEHOLDER secrets in Vault for: {', '.join(names)}")
+        self.echo("!! Your upstream will refuse them (401/403). Write each real secret once, then every")
+        self.echo("!! request through the gateway carries it (gateways re-read it every "
+                  f"{DEV_SECRET_REFRESH}):")
+        for name in names:
+            self.echo(f"!!   valetkey secret put {name}      # reads it from stdin or a hidden prompt")
+        self.echo("!" * 78)
 
     def _demo_run(
         self, vault: DevVault, broker_url: str, policies: PolicySet, names: tuple[str, ...]
@@ -214,20 +300,23 @@ class DevStack:
 
 
 @click.command("dev")
-@click.option("--upstreams", default="", help="comma-separated upstreams [default: all]")
+@click.option("--upstreams", default="", help="Comma-separated upstreams [default: all].")
 @click.option("--policy-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
-              help="your own policies instead of the demo upstreams (their hosts must be reachable)")
-@click.option("--vault-port", type=int, default=8200, show_default=True)
-@click.option("--redis-port", type=int, default=6379, show_default=True)
-@click.option("--broker-port", type=int, default=8400, show_default=True)
+              help="Your own policies instead of the demo upstreams (their hosts must be reachable).")
+@click.option("--state-dir", "state_dir_option", type=click.Path(path_type=Path, file_okay=False),
+              default=None,
+              help="Logs, tokens and dev.json of this stack; one stack per directory "
+                   f"[default: $VALETKEY_DEV_DIR, else ./{DEFAULT_DIR}].")
+@click.option("--vault-port", type=int, default=8200, show_default=True, help="OpenBao dev server port.")
+@click.option("--redis-port", type=int, default=6379, show_default=True, help="Redis port.")
+@click.option("--broker-port", type=int, default=8400, show_default=True, help="Broker port.")
 @click.option("--gateway-port", type=int, default=8410, show_default=True,
-              help="first gateway port (demo upstreams from this + 100); 0 picks free ports")
-@click.option("--no-demo", is_flag=True, help="do not mint a demo run")
-def dev_command(upstreams: str, policy_dir: Path | None, vault_port: int, redis_port: int, broker_port: int,
-                gateway_port: int, no_demo: bool) -> None:
+              help="First gateway port (demo upstreams from this + 100); 0 picks free ports.")
+@click.option("--no-demo", is_flag=True, help="Do not mint a demo run.")
+def dev_command(upstreams: str, policy_dir: Path | None, state_dir_option: Path | None, vault_port: int,
+                redis_port: int, broker_port: int, gateway_port: int, no_demo: bool) -> None:
     """Run the local stack: OpenBao, Redis, bootstrap, demo upstreams, broker, gateways, a demo run."""
-    workdir = Path(os.environ.get("VALETKEY_DEV_DIR", ".valetkey-dev")).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir = state_dir(state_dir_option)
     names = tuple(n.strip() for n in upstreams.split(",") if n.strip())
     stack = DevStack(workdir, vault_port, redis_port, broker_port, gateway_port, names, policy_dir,
                      demo=not no_demo)

@@ -28,12 +28,15 @@ from valetkey.bootstrap import (
 DEV_IDENTITY_TTL = "24h"
 
 
-def seed_demo_secrets(client: Any, policies: PolicySet) -> dict[str, str]:
-    """Write ``real-<upstream>-secret-<random hex>`` at each upstream's KV path; return them."""
+def seed_demo_secrets(client: Any, policies: PolicySet, kind: str = "real") -> dict[str, str]:
+    """Write ``<kind>-<upstream>-secret-<random hex>`` at each upstream's KV path; return them.
+
+    ``real`` for the demo upstreams, which accept exactly that value; ``placeholder`` for a user's
+    own upstreams in ``valetkey dev``, which will refuse it until the real one is written."""
     seeded: dict[str, str] = {}
     with vault_errors(str(client.url), "write demo secrets"):
         for up in policies.upstreams.values():
-            value = f"real-{up.name}-secret-{token_hex(12)}"
+            value = f"{kind}-{up.name}-secret-{token_hex(12)}"
             client.secrets.kv.v2.create_or_update_secret(
                 path=up.secret.path, mount_point=up.secret.mount, secret={up.secret.field: value}
             )
@@ -65,13 +68,14 @@ class DevVault:
 
     @classmethod
     def create(
-        cls, addr: str, root_token: str, policies: PolicySet, layout: Layout | None = None
+        cls, addr: str, root_token: str, policies: PolicySet, layout: Layout | None = None,
+        seed_kind: str = "real",
     ) -> DevVault:
         """Bootstrap the Vault at ``addr``, seed demo secrets, mint broker and admin tokens."""
         lay = layout or Layout()
         with open_client(addr, root_token) as client:
             report = bootstrap(client, policies, lay)
-            seeded = seed_demo_secrets(client, policies)
+            seeded = seed_demo_secrets(client, policies, seed_kind)
             broker = _create_token(client, BROKER_POLICY)
             admin = _create_token(client, ADMIN_POLICY)
         return cls(
