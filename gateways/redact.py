@@ -33,6 +33,10 @@ __all__ = ["MARKER", "MIN_SECRET_LENGTH", "Redactor", "StreamRedactor", "forms"]
 
 MARKER = b"[REDACTED:valetkey]"
 MIN_SECRET_LENGTH = 4  # shorter values would redact ordinary text; policy secrets are longer
+# Teddy (the SIMD searcher) takes at most 64 patterns; past that the automaton runs about 10x
+# slower, so more anchors (folded forms, rotated secrets) are split into automata of this many
+TEDDY_PATTERNS = 64
+Span = tuple[int, int, bytes]  # start, end, the marker that replaces it
 
 
 @dataclass(frozen=True, repr=False)
@@ -40,12 +44,16 @@ class _Matcher:
     full: re.Pattern[bytes]
     prefix: re.Pattern[bytes]
     longest: int
+    marker: bytes  # MARKER, in the text's own encoding (UTF-16/32)
+    head: bytes  # a match extends back over any suffix of this (a partial echo's earlier part)
 
 
 @functools.lru_cache(maxsize=64)  # a rotation recompiles only the new secret's texts
 def _matcher(text: Text) -> tuple[_Matcher, frozenset[Anchor], frozenset[int]]:
     compiled = compile_text(text)
-    matcher = _Matcher(re.compile(compiled.full), re.compile(compiled.prefix), compiled.longest)
+    marker = MARKER.decode().encode(text.encoding) if text.encoding else MARKER
+    matcher = _Matcher(re.compile(compiled.full), re.compile(compiled.prefix), compiled.longest, marker,
+                       text.head)
     return matcher, compiled.anchors, compiled.alphabet
 
 
@@ -71,16 +79,17 @@ class Redactor:
         self._prefilters: list[tuple[bytes, BytesAhoCorasick, list[int]]] = []
         for family in FAMILIES:
             patterns = sorted(a for f, a in owners if f == family)
-            if patterns:
-                automaton = BytesAhoCorasick(patterns, matchkind=MATCHKIND_LEFTMOST_FIRST)
-                masks = _with_hidden([owners[family, p] for p in patterns], patterns)
+            for i in range(0, len(patterns), TEDDY_PATTERNS):
+                group = patterns[i:i + TEDDY_PATTERNS]
+                automaton = BytesAhoCorasick(group, matchkind=MATCHKIND_LEFTMOST_FIRST)
+                masks = _with_hidden([owners[family, p] for p in group], group)
                 self._prefilters.append((family[:1].encode(), automaton, masks))
     def __repr__(self) -> str:
         return f"Redactor(texts={self.texts}, longest={self.longest})"
 
     def redact(self, data: bytes) -> tuple[bytes, int]:
         """Redact a complete value (a header, a whole body); returns (value, count)."""
-        spans = self.spans(data)
+        spans = self._spans(data)
         return _replace(data, spans, len(data)), len(spans)
 
     def stream(self) -> StreamRedactor:
@@ -88,6 +97,9 @@ class Redactor:
 
     def spans(self, data: bytes) -> list[tuple[int, int]]:
         """Non-overlapping (start, end) of every occurrence, left to right."""
+        return [(a, b) for a, b, _ in self._spans(data)]
+
+    def _spans(self, data: bytes) -> list[Span]:
         hits: list[tuple[int, int, int]] = []
         for gate, automaton, masks in self._prefilters:
             if not gate or gate in data:
@@ -105,7 +117,7 @@ class Redactor:
                 regions[-1][2] |= mask
             else:
                 regions.append([a, b, mask])
-        spans: list[tuple[int, int]] = []
+        spans: list[Span] = []
         pos = 0
         for first, high, mask in regions:
             matchers = [m for i, m in enumerate(self._matchers) if mask >> i & 1]
@@ -119,18 +131,23 @@ class Redactor:
 
     @staticmethod
     def _leftmost_longest(matchers: list[_Matcher], data: bytes, pos: int, first: int, high: int
-                          ) -> tuple[int, int] | None:
+                          ) -> Span | None:
         """The leftmost occurrence starting before ``high`` (the longest of those starting at the
         same byte), searching each text only as far as its own longest occurrence reaches."""
-        best: tuple[int, int] | None = None
+        best: Span | None = None
         for matcher in matchers:
             reach = matcher.longest
             stop = min(len(data), high + reach, best[0] + reach if best else len(data))
             m = matcher.full.search(data, max(pos, first - reach), stop)
             if m is None or m.start() >= high:
                 continue
-            if best is None or m.start() < best[0] or (m.start() == best[0] and m.end() > best[1]):
-                best = m.span()
+            start = m.start()
+            if matcher.head:  # plain bytes, compared only after a hit: cheaper than a regex
+                stop_at = max(pos, start - len(matcher.head))
+                while start > stop_at and data[start - 1] == matcher.head[start - 1 - m.start()]:
+                    start -= 1
+            if best is None or start < best[0] or (start == best[0] and m.end() > best[1]):
+                best = (start, m.end(), matcher.marker)
         return best
 
     def held_suffix(self, data: bytes) -> int:
@@ -162,13 +179,13 @@ def _with_hidden(masks: list[int], patterns: list[bytes]) -> list[int]:
     return out
 
 
-def _replace(data: bytes, spans: list[tuple[int, int]], cut: int) -> bytes:
+def _replace(data: bytes, spans: list[Span], cut: int) -> bytes:
     if not spans:
         return data[:cut] if cut < len(data) else data
     out: list[bytes] = []
     pos = 0
-    for start, end in spans:
-        out += (data[pos:start], MARKER)
+    for start, end, marker in spans:
+        out += (data[pos:start], marker)
         pos = end
     out.append(data[pos:max(pos, cut)])
     return b"".join(out)
@@ -193,7 +210,7 @@ class StreamRedactor:
             return b""
         boundary = len(data) if final else len(data) - self._r.held_suffix(data)
         # an occurrence starting at or after the boundary may still grow: decide when more arrives
-        spans = [s for s in self._r.spans(data) if s[0] < boundary]
+        spans = [s for s in self._r._spans(data) if s[0] < boundary]
         self.count += len(spans)
         cut = max(spans[-1][1], boundary) if spans else boundary
         self._carry = data[cut:]
