@@ -363,7 +363,8 @@ def compile_text(text: Text) -> Compiled:
     units = head + required + tail
     return Compiled(
         full=full, prefix=b"".join(prefix) + b"\\Z", anchors=frozenset(anchors),
-        alphabet=frozenset(b for a in alts for atom in a for b in atom[0]) | (_GAP_BYTES if text.fold else set()),
+        alphabet=frozenset(b for a in alts for atom in a for b in atom[0]).union(
+            _GAP_BYTES if text.fold else ()),
         longest=sum(max(sum(atom[2] for atom in a) for a in u.alternatives) for u in units)
         + (_GAP_LONGEST * (len(units) - 1) if text.fold else 0),
     )
@@ -376,7 +377,8 @@ def _fold_anchors(required: bytes, spaced: bool) -> set[Anchor]:
     gap near the end), and for lower-case hex the text grouped by single spaces in 2s and 4s (the
     dumps of xxd, hexdump, od). Kept few: past 64 always-searched anchors the prefilter slows down."""
     stride = FOLD_RUN - ANCHOR_LENGTH + 1
-    pieces = {required[i:i + ANCHOR_LENGTH] for i in range(0, max(1, len(required) - ANCHOR_LENGTH + 1), stride)}
+    starts = range(0, max(1, len(required) - ANCHOR_LENGTH + 1), stride)
+    pieces = {required[i:i + ANCHOR_LENGTH] for i in starts}
     pieces.add(required[:ANCHOR_LENGTH])
     for size in (2, 4) if spaced else ():
         grouped = b" ".join(required[i:i + size] for i in range(0, len(required), size))
