@@ -46,6 +46,7 @@ class _Matcher:
     longest: int
     marker: bytes  # MARKER, in the text's own encoding (UTF-16/32)
     head: bytes  # a match extends back over any suffix of this (a partial echo's earlier part)
+    fixed: bool  # no optional tail and no folding: a whole occurrence cannot grow
 
 
 @functools.lru_cache(maxsize=64)  # a rotation recompiles only the new secret's texts
@@ -53,7 +54,7 @@ def _matcher(text: Text) -> tuple[_Matcher, frozenset[Anchor], frozenset[int]]:
     compiled = compile_text(text)
     marker = MARKER.decode().encode(text.encoding) if text.encoding else MARKER
     matcher = _Matcher(re.compile(compiled.full), re.compile(compiled.prefix), compiled.longest, marker,
-                       text.head)
+                       text.head, not text.tail and not text.fold)
     return matcher, compiled.anchors, compiled.alphabet
 
 
@@ -165,6 +166,14 @@ class Redactor:
                 if earliest == start:
                     break
         return len(data) - earliest
+
+
+    def can_grow(self, data: bytes) -> bool:
+        """Whether ``data`` followed by one more byte could still begin an occurrence: false for a
+        complete one that nothing can extend (the secret itself, a base64 form with its padding)."""
+        if any(m.fixed and m.full.fullmatch(data) for m in self._matchers):
+            return False
+        return any(m.prefix.match(data + bytes((c,))) for c in self.alphabet for m in self._matchers)
 
 
 def _with_hidden(masks: list[int], patterns: list[bytes]) -> list[int]:
