@@ -209,6 +209,9 @@ def wide_texts(secret: bytes) -> list[Text]:
             encoded = text.encode(f"utf-{bits}-le")
             out.append(Text(f"utf-{bits}", encoded[:-zeros], bytes(zeros), "none",
                             encoding=f"utf-{bits}-le"))
+            if bits == 16:  # base64 of UTF-16LE: PowerShell -EncodedCommand, .NET, NTLM blobs
+                out += [Text(f"utf-16-{t.name}", t.required, t.tail, t.escaped)
+                        for t in base64_texts(encoded)]
         else:
             out += [Text(f"utf-{bits}-{order}", text.encode(f"utf-{bits}-{order}"), escaped="none",
                          encoding=f"utf-{bits}-{order}") for order in ("le", "be")]

@@ -85,9 +85,10 @@ class SseRedactor:
         self.count = 0
 
     def feed(self, chunk: bytes) -> bytes:
+        scanned = max(0, len(self._buffer) - 3)  # a blank line may straddle the chunks
         self._buffer += chunk
         pos = 0
-        for end in _EVENT_END.finditer(self._buffer):
+        for end in _EVENT_END.finditer(self._buffer, scanned):
             self._add(self._buffer[pos:end.end()])
             pos = end.end()
         self._buffer = self._buffer[pos:]
