@@ -15,7 +15,7 @@ from tests.gateways.conftest import Stack, audit_line
 from tests.support.leaks import HOSTILE, MARKER, joined, revealed
 
 LEAK = "/v1/items/leak"
-FOLDED = [n for n in HOSTILE if n.startswith(("b64-", "hex-"))]
+FOLDED = [n for n in HOSTILE if n.startswith(("b64-", "hex-"))]  # and base64 of UTF-16LE
 WIDE = [n for n in HOSTILE if n.startswith("utf-")]
 PARTIAL = [n for n in HOSTILE if n.startswith(("prefix-", "suffix-"))]
 

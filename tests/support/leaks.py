@@ -174,6 +174,7 @@ HOSTILE: dict[str, Callable[[str], bytes]] = {
     "utf-16-bom": lambda s: s.encode("utf-16"),
     "utf-32-le": lambda s: s.encode("utf-32-le"),
     "utf-32-be": lambda s: s.encode("utf-32-be"),
+    "b64-utf-16-le": lambda s: base64.b64encode(("powershell -c echo " + s).encode("utf-16-le")),
     "prefix-12": lambda s: b"Incorrect API key provided: " + s[:12].encode() + b"...",
     "prefix-20": lambda s: b"key " + s[:20].encode() + b"\xe2\x80\xa6 is invalid",
     "suffix-8": lambda s: b"key ending in ..." + s[-8:].encode(),
@@ -195,9 +196,9 @@ def revealed(secret: str, data: bytes, partial: int = 8) -> list[str]:
     raw = secret.encode()
     found = []
     flat = unfolded(data)
-    for k in range(3):
-        full = base64.b64encode(bytes(k) + raw)
-        first, last = -(-8 * k // 6), 8 * (k + len(raw)) // 6
+    for k, value in itertools.product(range(3), (raw, secret.encode("utf-16-le"))):
+        full = base64.b64encode(bytes(k) + value)
+        first, last = -(-8 * k // 6), 8 * (k + len(value)) // 6
         for table in (None, bytes.maketrans(b"+/", b"-_")):
             if full[first:last].translate(table) in flat:
                 found.append(f"base64/{k}")
