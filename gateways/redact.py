@@ -74,6 +74,9 @@ class Redactor:
         self.texts = len(self._matchers)
         self.longest = max((m.longest for m in self._matchers), default=0)
         self.alphabet = bytes(sorted(alphabet))  # every byte any occurrence can hold
+        # 0 for alphabet bytes, 1 for the rest: one translate + rfind finds the last byte no
+        # occurrence can hold (bytes.rstrip(chars) costs a memchr per byte)
+        self._outside = bytes(0 if b in alphabet else 1 for b in range(256))
         # One automaton per escape family, searched only when the first byte of its introducer
         # occurs (a memchr): the always-on one stays small (a few verbatim anchors), so it runs as
         # Teddy. Each pattern carries the texts to verify around a hit of it.
@@ -157,7 +160,7 @@ class Redactor:
             return 0
         low = max(0, len(data) - self.longest)
         # an occurrence is made of alphabet bytes only: look no further back than the last other byte
-        start = low + len(data[low:].rstrip(self.alphabet))
+        start = low + data[low:].translate(self._outside).rfind(1) + 1
         earliest = len(data)
         for matcher in self._matchers:
             m = matcher.prefix.search(data, start, len(data))

@@ -129,6 +129,8 @@ class SseRedactor:
             spans = [s for s in self._r._spans(stream.text) if s[0] < boundary or (
                 s[1] == len(stream.text) and not self._r.can_grow(stream.text[s[0]:]))]
             self._settle(stream, spans, max(spans[-1][1], boundary) if spans else boundary)
+            if not stream.text:  # nothing held: forget the path (an upstream may invent many)
+                del self._streams[key]
 
     def _settle(self, stream: _Stream, spans: list[Span], cut: int) -> None:
         """Apply ``spans`` (offsets in ``stream.text``) to the pieces; ``text[:cut]`` is final."""
