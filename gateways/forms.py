@@ -48,7 +48,8 @@ ANCHOR_LENGTH = 8  # bytes of each text's verbatim form the prefilter looks for
 FOLD_GAP = 8
 FOLD_RUN = 20
 _GAP = rb"(?:[ \t\r\n]|\\[nrt]|%%0[aAdD9]|%%20){0,%d}" % FOLD_GAP
-_GAP_BYTES = frozenset(b" \t\r\n\\nrt%0aAdD92")
+_HEX_GAP = _GAP.replace(b"[ ", b"[: ", 1)  # hex also in colon-separated pairs (fingerprints)
+_GAP_BYTES = frozenset(b" \t\r\n\\nrt%0aAdD92:")
 _GAP_LONGEST = 3 * FOLD_GAP
 # every proper prefix of every way of writing one character: a UTF-8 lead, or an unfinished escape
 ANY_PARTIAL = rb"(?:[\x80-\xff]{1,3}|[%&\\][#%0-9A-Za-z\\]{0,40})"
@@ -347,7 +348,7 @@ def compile_text(text: Text) -> Compiled:
     head = _units(text.head, "none")  # verbatim: the redactor extends a match back into it
     regexes = [_unit_regex(u.alternatives) for u in required]
     tail_regexes = [_unit_regex(u.alternatives) for u in tail]
-    gap = _GAP if text.fold else b""
+    gap = (_HEX_GAP if text.escaped == "none" else _GAP) if text.fold else b""
     optional = b""
     for whole, _ in reversed(tail_regexes):
         optional = b"(?:" + gap + whole + optional + b")?"
@@ -362,7 +363,8 @@ def compile_text(text: Text) -> Compiled:
     alts = [a for u in head + required + tail for a in u.alternatives]
     anchors = {text.anchor}.union(*(u.anchors for u in head + required))
     if text.fold:
-        anchors |= _fold_anchors(text.required, spaced=text.name == "hex")
+        anchors |= _fold_anchors(text.required, spaced=text.name == "hex",
+                                 colons=text.name in ("hex", "HEX"))
     units = head + required + tail
     return Compiled(
         full=full, prefix=b"".join(prefix) + b"\\Z", anchors=frozenset(anchors),
@@ -373,18 +375,20 @@ def compile_text(text: Text) -> Compiled:
     )
 
 
-def _fold_anchors(required: bytes, spaced: bool) -> set[Anchor]:
+def _fold_anchors(required: bytes, spaced: bool, colons: bool) -> set[Anchor]:
     """Verbatim pieces of a foldable text such that every occurrence whose runs between gaps are
     at least ``FOLD_RUN`` long holds one: ``ANCHOR_LENGTH`` bytes every ``FOLD_RUN -
     ANCHOR_LENGTH + 1`` (any run that long holds one whole), the first ``ANCHOR_LENGTH`` (one
-    gap near the end), and for lower-case hex the text grouped by single spaces in 2s and 4s (the
-    dumps of xxd, hexdump, od). Kept few: past 64 always-searched anchors the prefilter slows down."""
+    gap near the end), for lower-case hex the text grouped by single spaces in 2s and 4s (the
+    dumps of xxd, hexdump, od), and for hex in either case colon-separated pairs (fingerprints).
+    Kept few: past 64 always-searched anchors the prefilter slows down."""
     stride = FOLD_RUN - ANCHOR_LENGTH + 1
     starts = range(0, max(1, len(required) - ANCHOR_LENGTH + 1), stride)
     pieces = {required[i:i + ANCHOR_LENGTH] for i in starts}
     pieces.add(required[:ANCHOR_LENGTH])
-    for size in (2, 4) if spaced else ():
-        grouped = b" ".join(required[i:i + size] for i in range(0, len(required), size))
+    groupings = [(b" ", 2), (b" ", 4)] if spaced else []
+    for sep, size in groupings + ([(b":", 2)] if colons else []):
+        grouped = sep.join(required[i:i + size] for i in range(0, len(required), size))
         if len(required) > 2 * size:
             pieces.add(grouped[-ANCHOR_LENGTH:])
     return {("", p) for p in pieces}

@@ -1,5 +1,8 @@
 """Redaction of a ``text/event-stream`` body as its client reads it: joined across events.
 
+Streamed JSON lines (``application/x-ndjson`` and kin, ``LINE_TYPES``) are read the same way,
+each line one event whose data is the whole line.
+
 A client joins what several events carry — the ``data:`` payloads, or the JSON string a model
 streams as deltas (OpenAI ``choices[0].delta.content``, Anthropic ``delta.text`` …) — so a
 secret split over events is whole again in the client. ``SseRedactor`` keeps one *stream* per
@@ -36,6 +39,10 @@ MAX_HELD_BYTES = 256 * 1024
 MAX_EVENT_BYTES = 4 * 1024 * 1024
 _TERMINATOR = rb"(?:\r\n|\n|\r(?!\n))"
 _EVENT_END = re.compile(_TERMINATOR + _TERMINATOR)
+_LINE_END = re.compile(_TERMINATOR)
+# streamed JSON lines (Ollama, many model servers, OpenAI batch/ndjson): each line is one event's data
+LINE_TYPES = frozenset({"application/x-ndjson", "application/ndjson", "application/jsonl",
+                        "application/x-jsonlines", "application/jsonlines", "application/json-seq"})
 _LINE = re.compile(rb"([^\r\n]*)(\r\n|\n|\r|$)")
 RAW = ("data",)  # the stream of non-JSON data payloads; JSON paths start with "json"
 
@@ -77,8 +84,10 @@ class _Stream:
 class SseRedactor:
     """``feed`` and ``finish`` like ``StreamRedactor``; ``count`` totals the redactions."""
 
-    def __init__(self, redactor: Redactor) -> None:
+    def __init__(self, redactor: Redactor, lines: bool = False) -> None:
         self._r = redactor
+        self._lines = lines  # JSON lines: an event is one line, all of it data
+        self._end = _LINE_END if lines else _EVENT_END
         self._buffer = b""
         self._held: list[_Event] = []
         self._streams: dict[Key, _Stream] = {}
@@ -88,7 +97,7 @@ class SseRedactor:
         scanned = max(0, len(self._buffer) - 3)  # a blank line may straddle the chunks
         self._buffer += chunk
         pos = 0
-        for end in _EVENT_END.finditer(self._buffer, scanned):
+        for end in self._end.finditer(self._buffer, scanned):
             self._add(self._buffer[pos:end.end()])
             pos = end.end()
         self._buffer = self._buffer[pos:]
@@ -110,7 +119,7 @@ class SseRedactor:
         return self._release()
 
     def _add(self, raw: bytes) -> None:
-        event = _parse(raw)
+        event = _parse(raw, self._lines)
         self._held.append(event)
         touched = set()
         for i, (key, text) in enumerate(event.strings):
@@ -162,15 +171,20 @@ class SseRedactor:
 
 
 def body_stream(redactor: Redactor, headers: list[tuple[bytes, bytes]]) -> SseRedactor | StreamRedactor:
-    """The body's redactor: by events for ``text/event-stream``, else by bytes."""
+    """The body's redactor: by events for ``text/event-stream`` and JSON lines, else by bytes."""
     content_type = next((v for k, v in headers if k.lower() == b"content-type"), b"")
-    sse = media_type(content_type.decode("latin-1")) == "text/event-stream"
-    return SseRedactor(redactor) if sse else redactor.stream()
+    kind = media_type(content_type.decode("latin-1"))
+    if kind == "text/event-stream" or kind in LINE_TYPES:
+        return SseRedactor(redactor, lines=kind in LINE_TYPES)
+    return redactor.stream()
 
 
-def _parse(raw: bytes) -> _Event:
+def _parse(raw: bytes, lines: bool = False) -> _Event:
     data: list[tuple[int, int]] = []
     for line in _LINE.finditer(raw):
+        if lines:  # the whole line (json-seq's leading RS byte is kept out)
+            data.append((line.start() + (raw[:1] == b"\x1e"), line.end(1)))
+            break
         content = line.group(1)
         if content == b"data" or content.startswith(b"data:"):
             start = line.start() + min(len(content), 5)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from broker.errors import Reason, UpstreamError
 from gateways.forms import FOLD_RUN, PARTIAL_LENGTH, public_prefix
 from gateways.redact import MARKER, Redactor
-from gateways.sse import MAX_EVENT_BYTES, MAX_HELD_EVENTS, SseRedactor
+from gateways.sse import MAX_EVENT_BYTES, MAX_HELD_EVENTS, SseRedactor, body_stream
 from tests.support.leaks import HOSTILE, joined, revealed, split_events
 
 SECRET = "real-echo-secret-9f08c7073438643749a812e4"
@@ -127,6 +127,17 @@ def test_event_that_could_begin_the_secret_waits_for_the_next() -> None:
     # joined, "real-echo-se" is no longer the start of the whole secret: a partial echo (8+)
     assert stream.feed(b"data: nothing else.\n\n") == b"data: key " + MARKER + b"\n\ndata: nothing else.\n\n"
     assert stream.count == 1
+
+
+@pytest.mark.parametrize("content_type", [b"application/x-ndjson", b"application/jsonl; charset=utf-8",
+                                          b"text/event-stream; charset=utf-8"])
+def test_streamed_types_are_joined(redactor: Redactor, content_type: bytes) -> None:
+    stream = body_stream(redactor, [(b"Content-Type", content_type)])
+    assert isinstance(stream, SseRedactor)
+    style = "ndjson" if b"json" in content_type else "openai"
+    out = b"".join(stream.feed(e) for e in split_events(SECRET.encode(), style, 9)) + stream.finish()
+    assert SECRET[:PARTIAL_LENGTH].encode() not in out
+    assert MARKER in out
 
 
 def test_held_events_are_bounded_fail_closed() -> None:

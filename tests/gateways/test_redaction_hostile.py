@@ -6,6 +6,7 @@ its whitespace removed — reveals the secret (``leaks.revealed``)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import httpx
@@ -88,6 +89,18 @@ def test_secret_split_across_events(gateway_stack: Stack, echo: httpx.Client, st
     assert "(end)" in data
     line = audit_line(gateway_stack, response.headers["x-valetkey-request-id"])
     assert line["redactions"] >= 1
+
+
+@pytest.mark.parametrize("parts", [2, 7])
+def test_secret_split_across_json_lines(gateway_stack: Stack, echo: httpx.Client, parts: int) -> None:
+    """Streamed JSON lines (application/x-ndjson) are joined like events: each line's strings."""
+    response = echo.get(LEAK, params={"form": "raw", "where": "sse-split", "style": "ndjson", "parts": parts,
+                                      "type": "application/x-ndjson"})
+    lines = [json.loads(line) for line in response.content.splitlines()]
+    text = "".join(line.get("response", "") for line in lines)
+    assert revealed(secret(gateway_stack), text.encode()) == []
+    assert text == "The key is: [REDACTED:valetkey] (end)"
+    assert lines[-1] == {"done": True}
 
 
 def test_events_without_a_pending_match_are_not_held(gateway_stack: Stack, echo: httpx.Client) -> None:

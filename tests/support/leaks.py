@@ -169,6 +169,7 @@ HOSTILE: dict[str, Callable[[str], bytes]] = {
     "hex-bytes-spaced": lambda s: b" ".join(b"%02x" % b for b in s.encode()),
     "hex-xxd-groups": lambda s: _folded(s.encode().hex().encode(), 4, b" "),
     "hex-folded-32": lambda s: _folded(s.encode().hex().encode(), 32, b"\n"),
+    "hex-colons-upper": lambda s: _folded(s.encode().hex(":").upper().encode(), 45, b"\n    "),
     "utf-16-le": lambda s: s.encode("utf-16-le"),
     "utf-16-be": lambda s: s.encode("utf-16-be"),
     "utf-16-bom": lambda s: s.encode("utf-16"),
@@ -183,8 +184,8 @@ HOSTILE: dict[str, Callable[[str], bytes]] = {
 
 
 def unfolded(data: bytes) -> bytes:
-    """``data`` without the whitespace and escaped line breaks a folding may have put in."""
-    for gap in (b"\\r", b"\\n", b"\\t", b"%0A", b"%0D", b"%0a", b"%0d", b"%20"):
+    """``data`` without the whitespace, colons and escaped line breaks a folding may have put in."""
+    for gap in (b"\\r", b"\\n", b"\\t", b"%0A", b"%0D", b"%0a", b"%0d", b"%20", b":"):
         data = data.replace(gap, b"")
     return data.translate(None, b" \t\r\n")
 
@@ -216,7 +217,8 @@ def revealed(secret: str, data: bytes, partial: int = 8) -> list[str]:
 def split_events(form: bytes, style: str, parts: int) -> list[bytes]:
     """Server-sent events carrying ``form`` cut into ``parts`` pieces, as a client would join them:
     ``raw`` data payloads, ``crlf`` the same with CRLF lines and an id field,
-    ``openai`` chat.completion.chunk deltas, ``anthropic`` content_block_delta text deltas."""
+    ``openai`` chat.completion.chunk deltas, ``anthropic`` content_block_delta text deltas, ``ndjson``
+    JSON lines with a ``response`` delta."""
     text = form.decode("latin-1")
     size = -(-len(text) // parts)
     pieces = ["The key is: " + text[:size]] + [text[i:i + size] for i in range(size, len(text), size)]
@@ -231,6 +233,8 @@ def split_events(form: bytes, style: str, parts: int) -> list[bytes]:
             chunk = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "gpt-x",
                      "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}
             events.append(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        elif style == "ndjson":  # streamed JSON lines (Ollama-style), not SSE
+            events.append(json.dumps({"model": "m", "response": piece, "done": False}).encode() + b"\n")
         elif style == "anthropic":
             delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}}
             events.append(b"event: content_block_delta\ndata: " + json.dumps(delta).encode() + b"\n\n")

@@ -158,7 +158,8 @@ async def _leak(up: EchoUpstream, scope: Scope, seen: Seen, send: Send) -> None:
         for event in leaks.split_events(form, q.get("style", "raw"), int(q.get("parts", "2"))):
             await send({"type": "http.response.body", "body": event, "more_body": True})
             await asyncio.sleep(0.005)  # each event read on its own
-        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+        done = b'{"done": true}\n' if q.get("style") == "ndjson" else b"data: [DONE]\n\n"
+        await send({"type": "http.response.body", "body": done})
         return
     if "charset" in q:  # the whole body as text in a wide encoding (the form given as text)
         body = body.decode("utf-8").encode(q["charset"])
