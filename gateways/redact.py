@@ -72,6 +72,7 @@ class Redactor:
             self._matchers.append(matcher)
             alphabet |= text_alphabet
         self.texts = len(self._matchers)
+        self._any_prefix = re.compile(b"|".join(b"(?:" + m.prefix.pattern + b")" for m in self._matchers))
         self.longest = max((m.longest for m in self._matchers), default=0)
         self.alphabet = bytes(sorted(alphabet))  # every byte any occurrence can hold
         # 0 for alphabet bytes, 1 for the rest: one translate + rfind finds the last byte no
@@ -161,15 +162,11 @@ class Redactor:
         low = max(0, len(data) - self.longest)
         # an occurrence is made of alphabet bytes only: look no further back than the last other byte
         start = low + data[low:].translate(self._outside).rfind(1) + 1
-        earliest = len(data)
-        for matcher in self._matchers:
-            m = matcher.prefix.search(data, start, len(data))
-            if m is not None and m.start() < earliest:
-                earliest = m.start()
-                if earliest == start:
-                    break
-        return len(data) - earliest
-
+        if start == len(data):
+            return 0
+        # one search of all the texts' prefix patterns: the leftmost start is the earliest
+        m = self._any_prefix.search(data, start, len(data))
+        return len(data) - m.start() if m is not None else 0
 
     def can_grow(self, data: bytes) -> bool:
         """Whether ``data`` followed by one more byte could still begin an occurrence: false for a
