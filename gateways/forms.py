@@ -18,6 +18,11 @@ Base64 at alignment *k* (the secret preceded by *k* unknown bytes inside a longe
 output characters fully determined by the secret's bits are required; the last partial character
 (as it is when the blob ends with the secret) and the ``=`` padding follow as an optional tail.
 
+Also: the secret in UTF-16/32 (``wide_texts``; the marker follows the text's encoding) and the
+base64 of its UTF-16LE; base64 and hex *folded* — whitespace, JSON ``\\n`` or ``%0A`` between any
+two characters (``FOLD_GAP``, ``FOLD_RUN``); and partial echoes, a prefix or suffix of at least
+``PARTIAL_LENGTH`` characters after the provider's public prefix (``partial_texts``).
+
 Not covered: escapes of escapes other than double percent (``%5Cu0061``, JSON inside JSON), HTML
 numeric references without ``;`` or with more than three leading zeros, escaped letters or digits
 inside the base64 or hex text, mixed-case hex, base64 mixing both alphabets, and anything that

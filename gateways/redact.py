@@ -14,8 +14,10 @@ byte the longest.
 
 ``StreamRedactor`` does the same over a body that arrives in chunks: a match split across chunks
 at any offset is caught, and only the bytes that could still begin a match are held back — the
-longest suffix that is a prefix of some occurrence — so a finished server-sent event is never
-delayed. Its output equals ``Redactor.redact`` of the whole body, whatever the chunking.
+longest suffix that is a prefix of some occurrence. Its output equals ``Redactor.redact`` of the
+whole body, whatever the chunking. (Event streams go through ``gateways/sse.py``, which redacts
+what a client joins across events and uses the same two questions: ``spans`` and
+``held_suffix``.)
 """
 
 from __future__ import annotations
