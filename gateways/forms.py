@@ -215,13 +215,21 @@ def wide_texts(secret: bytes) -> list[Text]:
             encoded = text.encode(f"utf-{bits}-le")
             out.append(Text(f"utf-{bits}", encoded[:-zeros], bytes(zeros), "none",
                             encoding=f"utf-{bits}-le"))
-            if bits == 16:  # base64 of UTF-16LE: PowerShell -EncodedCommand, .NET, NTLM blobs
+            if bits == 16:  # base64 of UTF-16LE (PowerShell -EncodedCommand, .NET, NTLM blobs),
+                # and UTF-16 of the base64 (a UTF-16 page quoting a Basic header)
+                b64 = [t for t in base64_texts(secret) if t.name.startswith("base64-std")]
                 out += [Text(f"utf-16-{t.name}", t.required, t.tail, t.escaped)
                         for t in base64_texts(encoded)]
+                out += [Text(f"utf-16-of-{t.name}", _le16(t.required)[:-1], b"\0" + _le16(t.tail), "none",
+                             encoding="utf-16-le") for t in b64]
         else:
             out += [Text(f"utf-{bits}-{order}", text.encode(f"utf-{bits}-{order}"), escaped="none",
                          encoding=f"utf-{bits}-{order}") for order in ("le", "be")]
     return out
+
+
+def _le16(ascii_text: bytes) -> bytes:
+    return ascii_text.decode("latin-1").encode("utf-16-le")
 
 
 PARTIAL_LENGTH = 8  # a prefix or suffix of at least this many characters past the public prefix

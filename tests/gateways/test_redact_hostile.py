@@ -80,6 +80,16 @@ def test_wide_text_marker_in_the_body_encoding(codec: str, value: str) -> None:
     assert out.decode(codec) == '{"error": "bad key [REDACTED:valetkey]", "n": 1}'
 
 
+@pytest.mark.parametrize("codec", ["utf-16-le", "utf-16-be"])
+@pytest.mark.parametrize("lead", [b"", b"x-access-token:", b"ab"])
+def test_base64_in_utf16(redactor: Redactor, codec: str, lead: bytes) -> None:
+    blob = base64.b64encode(lead + SECRET.encode()).decode()
+    out, count = redactor.redact(f'{{"auth": "Basic {blob}"}}'.encode(codec))
+    assert count == 1
+    assert out.decode(codec).endswith('[REDACTED:valetkey]"}')
+    assert revealed(SECRET, out) == []
+
+
 @pytest.mark.parametrize(("width", "sep"), [(76, b"\r\n"), (64, b"\n"), (FOLD_RUN, b" "), (40, b"\\n"),
                                             (32, b"%0D%0A"), (57, b"\r\n\t")])
 @pytest.mark.parametrize("lead", [0, 1, 2, 5, 33])

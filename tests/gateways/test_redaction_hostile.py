@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.gateways.conftest import Stack, audit_line
-from tests.support.leaks import HOSTILE, MARKER, joined, revealed
+from tests.support.leaks import FORMS, HOSTILE, MARKER, joined, leak_body, revealed
 
 LEAK = "/v1/items/leak"
 FOLDED = [n for n in HOSTILE if n.startswith(("b64-", "hex-"))]  # and base64 of UTF-16LE
@@ -58,6 +58,17 @@ def test_whole_body_in_utf16_utf32(gateway_stack: Stack, echo: httpx.Client, cha
                                                           + ("-be" if charset.endswith("-be") else "-le")))
     text = response.content.decode(charset)
     assert text == '{"debug": "[REDACTED:valetkey]", "n": 1}\n'
+
+
+@pytest.mark.parametrize("charset", ["utf-16-le", "utf-16-be", "utf-16"])
+@pytest.mark.parametrize("form", ["b64-basic", "b64-std", "b64-align2"])
+def test_base64_inside_a_utf16_body(gateway_stack: Stack, echo: httpx.Client, form: str, charset: str) -> None:
+    """A UTF-16 page quoting a Basic header: the base64 text, in UTF-16."""
+    leaked, redacted = FORMS[form](secret(gateway_stack))
+    _, expected = leak_body(leaked, redacted, 0)
+    response = echo.get(LEAK, params={"form": form, "charset": charset})
+    assert response.status_code == 200
+    assert response.content.decode(charset) == expected.decode()
 
 
 @pytest.mark.parametrize("form", [pytest.param(n, id=n) for n in WIDE])
