@@ -52,6 +52,7 @@ ANCHOR_LENGTH = 8  # bytes of each text's verbatim form the prefilter looks for
 # characters long, and hex broken into 2- or 4-digit groups by single spaces.
 FOLD_GAP = 8
 FOLD_RUN = 20
+FOLD_ANCHORS = 8  # per text; a text longer than 99 characters needs lines of (length - 8) / 7 + 8
 _GAP = rb"(?:[ \t\r\n]|\\[nrt]|%%0[aAdD9]|%%20){0,%d}" % FOLD_GAP
 _HEX_GAP = _GAP.replace(b"[ ", b"[: ", 1)  # hex also in colon-separated pairs (fingerprints)
 _GAP_BYTES = frozenset(b" \t\r\n\\nrt%0aAdD92:")
@@ -80,9 +81,10 @@ _ZEROS: Atom = (frozenset(b"0"), 0, 3)
 
 
 Anchor = tuple[str, bytes]  # (family, bytes): the family's introducer gates its prefilter
-# "" is searched always (verbatim anchors, JSON escapes: "\\u00" is rare in text, while a lone
-# backslash is everywhere in JSON); the others only when their introducer's first byte occurs
-FAMILIES = ("", "%", "&#")
+# "" is searched always (verbatim anchors); the others only when their introducer occurs (JSON
+# \\u escapes: a lone backslash is everywhere in JSON, "\\u" is not in ASCII text)
+JSON_FAMILY = "\\u"
+FAMILIES = ("", "%", "&#", JSON_FAMILY)
 
 
 @dataclass(frozen=True)
@@ -125,9 +127,9 @@ def unit(char: str, raw: bytes, escaped: bool = True) -> Unit:
     code = ord(char)
     if code > 0xFFFF:  # JSON writes characters outside the BMP as a surrogate pair
         high, low = 0xD800 + ((code - 0x10000) >> 10), 0xDC00 + ((code - 0x10000) & 0x3FF)
-        add("", (*_lit(b"\\u"), *_hex(high, 4), *_lit(b"\\u"), *_hex(low, 4)))
+        add("\\u", (*_lit(b"\\u"), *_hex(high, 4), *_lit(b"\\u"), *_hex(low, 4)))
     else:
-        add("", (*_lit(b"\\u"), *_hex(code, 4)))
+        add("\\u", (*_lit(b"\\u"), *_hex(code, 4)))
     if char in _JSON_SHORT:
         add("", _lit(_JSON_SHORT[char]))
     # numeric references are anchored by their digits and ";" (after the optional zeros)
@@ -395,7 +397,8 @@ def _fold_anchors(required: bytes, spaced: bool, colons: bool) -> set[Anchor]:
     gap near the end), for lower-case hex the text grouped by single spaces in 2s and 4s (the
     dumps of xxd, hexdump, od), and for hex in either case colon-separated pairs (fingerprints).
     Kept few: past 64 always-searched anchors the prefilter slows down."""
-    stride = FOLD_RUN - ANCHOR_LENGTH + 1
+    # at most FOLD_ANCHORS per text (a long secret's lines must then be longer: see FOLD_ANCHORS)
+    stride = max(FOLD_RUN - ANCHOR_LENGTH + 1, -(-(len(required) - ANCHOR_LENGTH) // (FOLD_ANCHORS - 1)))
     starts = range(0, max(1, len(required) - ANCHOR_LENGTH + 1), stride)
     pieces = {required[i:i + ANCHOR_LENGTH] for i in starts}
     pieces.add(required[:ANCHOR_LENGTH])

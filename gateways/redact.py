@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from ahocorasick_rs import MATCHKIND_LEFTMOST_FIRST, BytesAhoCorasick
 
-from gateways.forms import FAMILIES, Anchor, Text, compile_text, forms, texts
+from gateways.forms import FAMILIES, JSON_FAMILY, Anchor, Text, compile_text, forms, texts
 
 __all__ = ["MARKER", "MIN_SECRET_LENGTH", "Redactor", "StreamRedactor", "forms"]
 
@@ -38,6 +38,8 @@ MIN_SECRET_LENGTH = 4  # shorter values would redact ordinary text; policy secre
 # Teddy (the SIMD searcher) takes at most 64 patterns; past that the automaton runs about 10x
 # slower, so more anchors (folded forms, rotated secrets) are split into automata of this many
 TEDDY_PATTERNS = 64
+_SENTINEL = 1 << 62  # the mask bit of the "\\u" sentinel (no redactor has that many texts)
+_JSON_GATE = JSON_FAMILY.encode()
 Span = tuple[int, int, bytes]  # start, end, the marker that replaces it
 
 
@@ -83,6 +85,11 @@ class Redactor:
         # One automaton per escape family, searched only when the first byte of its introducer
         # occurs (a memchr): the always-on one stays small (a few verbatim anchors), so it runs as
         # Teddy. Each pattern carries the texts to verify around a hit of it.
+        # JSON escapes have their own automaton, run only when the always-on one meets "\\u…" (a
+        # sentinel pattern there: Teddy finds it for free, where `b"\\u" in data` costs a pass)
+        # (3 bytes each: the first 3 of every escape anchor, as Teddy fingerprints 3 bytes at most)
+        for sentinel in {a[:3] for f, a in owners if f == JSON_FAMILY}:
+            owners["", sentinel] = owners.get(("", sentinel), 0) | _SENTINEL
         self._prefilters: list[tuple[bytes, BytesAhoCorasick, list[int]]] = []
         for family in FAMILIES:
             patterns = sorted(a for f, a in owners if f == family)
@@ -90,7 +97,8 @@ class Redactor:
                 group = patterns[i:i + TEDDY_PATTERNS]
                 automaton = BytesAhoCorasick(group, matchkind=MATCHKIND_LEFTMOST_FIRST)
                 masks = _with_hidden([owners[family, p] for p in group], group)
-                self._prefilters.append((family[:1].encode(), automaton, masks))
+                gate = family[:1] if family in ("%", "&#") else family
+                self._prefilters.append((gate.encode(), automaton, masks))
     def __repr__(self) -> str:
         return f"Redactor(texts={self.texts}, longest={self.longest})"
 
@@ -108,9 +116,18 @@ class Redactor:
 
     def _spans(self, data: bytes) -> list[Span]:
         hits: list[tuple[int, int, int]] = []
+        escaped = False
         for gate, automaton, masks in self._prefilters:
-            if not gate or gate in data:
-                hits += [(a, b, masks[i]) for i, a, b in automaton.find_matches_as_indexes(data)]
+            if gate == _JSON_GATE:
+                if not escaped:
+                    continue
+            elif gate and gate not in data:
+                continue
+            matched = [(a, b, masks[i]) for i, a, b in automaton.find_matches_as_indexes(data)]
+            if not gate and any(h[2] & _SENTINEL for h in matched):
+                escaped = True
+                matched = [(a, b, mask & ~_SENTINEL) for a, b, mask in matched if mask & ~_SENTINEL]
+            hits += matched
         if not hits:
             return []
         if len(self._prefilters) > 1:
