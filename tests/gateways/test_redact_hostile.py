@@ -226,3 +226,37 @@ def test_partial_property(secret: str, keep: int, end: bool, around: str) -> Non
     piece = secret[-PARTIAL_LENGTH:] if end else secret[:PARTIAL_LENGTH]
     assert piece.encode() not in out
     assert json.dumps(out.decode(errors="replace"))  # still text
+
+
+LONG_KEY = "sk-proj-" + "".join(string.ascii_letters[(i * 7) % 52] + string.digits[i % 10] for i in range(78))
+
+
+@pytest.mark.parametrize(("width", "sep"), [(76, b"\r\n"), (64, b"\n"), (40, b"\\n")])
+def test_long_key_folded(width: int, sep: bytes) -> None:
+    """A 164-character key: fewer fold anchors per character, still every MIME/PEM width."""
+    redactor = Redactor([LONG_KEY.encode()])
+    for lead in range(3):
+        blob = base64.b64encode(bytes(lead) + LONG_KEY.encode() + b"\x00")
+        out, count = redactor.redact(sep.join(blob[i:i + width] for i in range(0, len(blob), width)))
+        assert count >= 1
+        assert revealed(LONG_KEY, out) == []
+
+
+@pytest.mark.parametrize("secret", [SECRET, LONG_KEY, "clé-secrète-€-中文-😀-0123456789"])
+def test_always_searched_anchors_fit_one_teddy_automaton(secret: str) -> None:
+    """Past 64 patterns the always-on prefilter runs about ten times slower (no timing here)."""
+    redactor = Redactor([secret.encode()], [b"Bearer " + secret.encode()])
+    always = [masks for gate, _, masks in redactor._prefilters if not gate]
+    assert len(always) == 1
+    assert len(always[0]) <= 64
+
+
+@pytest.mark.parametrize("body", [
+    pytest.param("".join(f"\\u{ord(c):04x}" for c in SECRET), id="all-escaped"),
+    pytest.param("".join(f"\\u{ord(c):04X}" if i % 3 else c for i, c in enumerate(SECRET)), id="mixed"),
+    pytest.param("x\\" + "".join(f"\\u{ord(c):04x}" for c in SECRET), id="after-a-backslash"),
+])
+def test_json_escapes_found_through_the_sentinel(redactor: Redactor, body: str) -> None:
+    out, count = redactor.redact(body.encode())
+    assert count == 1
+    assert out.endswith(MARKER)
