@@ -3,6 +3,7 @@
     .venv/bin/python bench/redact.py                    # 1 MB and 100 MB, 64 KiB chunks, 5 runs each
     .venv/bin/python bench/redact.py --compare          # also the matchers that were not chosen
     .venv/bin/python bench/redact.py --body escapes     # a worst case: escape-dense URL/JSON text
+    .venv/bin/python bench/redact.py --sse 20000        # an LLM event stream through SseRedactor
     python -m bench.redact --smoke                      # what ./scripts/bench --smoke runs
 
 The body is JSON-like API text with every enumerated form of one secret (gateways/secret_forms.py, plus
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import json
 import os
 import platform
 import random
@@ -28,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gateways.redact import MARKER, Redactor, forms
 from gateways.secret_forms import compile_text, texts
+from gateways.sse import SseRedactor
 
 SECRET = b"real-bench-secret-9f3c2a7d1e5b4c6a8f0d2e4b"
 WORDS = [b"issue", b"comment", b"repository", b"created_at", b"state", b"open", b"closed", b"labels",
@@ -106,6 +109,32 @@ def compare(redactor: Redactor, data: bytes) -> None:
     report("chosen: ahocorasick-rs prefilter + regex windows", len(data), [time.perf_counter() - started])
 
 
+def sse(redactor: Redactor, count: int, repeat: int) -> None:
+    """OpenAI-style chat.completion.chunk events, one per feed, a word each; one leak split in two."""
+    rnd = random.Random(2)  # noqa: S311 - filler text, not a secret
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "streaming"]
+    deltas = [" " + rnd.choice(words) for _ in range(count)]
+    half = len(SECRET) // 2
+    deltas[count // 2:count // 2 + 2] = [SECRET[:half].decode(), SECRET[half:].decode()]
+    events = [b"data: " + json.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "m",
+                                      "choices": [{"index": 0, "delta": {"content": d}}]}).encode() + b"\n\n"
+              for d in deltas]
+    seconds = []
+    for _ in range(repeat):
+        stream = SseRedactor(redactor)
+        started = time.perf_counter()
+        for event in events:
+            stream.feed(event)
+        stream.finish()
+        seconds.append(time.perf_counter() - started)
+        if stream.count != 1:
+            raise SystemExit(f"expected 1 redaction, got {stream.count}")
+    rates = [count / s for s in seconds]
+    name = f"sse: {count} chat.completion.chunk events"
+    print(f"{name:44s} median {statistics.median(rates):8.0f} events/s   min {min(rates):6.0f}   "
+          f"max {max(rates):6.0f}   ({len(rates)} runs)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -115,6 +144,7 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=200_000, help="bytes between two leaked forms")
     parser.add_argument("--body", choices=["api", "escapes"], default="api")
     parser.add_argument("--compare", action="store_true")
+    parser.add_argument("--sse", type=int, default=0, help="also stream this many SSE events")
     parser.add_argument("--smoke", action="store_true", help="1 MB, one run: checks the script works")
     args = parser.parse_args()
     if args.smoke:
@@ -138,6 +168,8 @@ def main() -> None:
                len(data), seconds)
         if args.compare and megabytes == max(int(s) for s in args.sizes.split(",")):
             compare(redactor, data)
+    if args.sse:
+        sse(redactor, args.sse, args.repeat)
 
 
 if __name__ == "__main__":

@@ -88,6 +88,7 @@ class Reason(StrEnum):
     UPSTREAM_PROTOCOL_ERROR = "upstream_protocol_error"
     UNDECODABLE_RESPONSE = "undecodable_response"  # gateways/encodings.py
     DECOMPRESSION_BOMB = "decompression_bomb"  # gateways/encodings.py
+    SSE_EVENT_TOO_LARGE = "sse_event_too_large"  # gateways/sse.py
     # gateway: egress guard (gateways/egress.py)
     DEST_PRIVATE_RANGE = "dest_private_range"
     DEST_LOOPBACK = "dest_loopback"

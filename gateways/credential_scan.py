@@ -94,6 +94,16 @@ PATTERNS: tuple[CredentialPattern, ...] = (
     CredentialPattern("azure_storage_key", "azure", "AccountKey=[A-Za-z0-9+/]{80,}={0,2}"),
 )
 
+# The fixed, public start of each shape above: what a provider's error page prints before the part
+# it masks (``sk-proj-****…abcd``). Redaction of partial echoes counts characters after it.
+PUBLIC_PREFIXES: tuple[bytes, ...] = (
+    b"ghp_", b"gho_", b"ghu_", b"ghs_", b"ghr_", b"github_pat_", b"sk-ant-api03-", b"sk-ant-admin01-",
+    b"sk-ant-", b"sk-proj-", b"sk-svcacct-", b"sk-admin-", b"sk-", b"xoxb-", b"xoxp-", b"xoxa-",
+    b"xoxr-", b"xoxs-", b"xoxe.xoxb-", b"xoxe.xoxp-", b"xoxe-", b"xapp-", b"AKIA", b"ASIA", b"ABIA",
+    b"ACCA", b"AIza", b"sk_live_", b"sk_test_", b"rk_live_", b"rk_test_", b"glpat-", b"hf_", b"npm_",
+    b"pypi-AgEIcHlwaS5vcmc", b"SG.", b"dop_v1_", b"doo_v1_", b"dor_v1_", b"AccountKey=",
+)
+
 _WORD_CHAR = r"[A-Za-z0-9_.\-]"  # a match never starts right after one of these
 _END = r"(?![A-Za-z0-9])"
 HELD_SECRET = CredentialPattern("held_secret", "gateway", "")  # an ``extra_exact`` value, not a regex

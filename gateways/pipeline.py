@@ -39,13 +39,14 @@ from gateways.credentials import Headers, extract_placeholder, forwarded_headers
 from gateways.encodings import BodyDecoder, body_decoder
 from gateways.fields import FieldRules, find_in_body, find_in_query
 from gateways.paths import CanonicalPath, canonical_path
+from gateways.sse import SseRedactor, body_stream
 from gateways.upstream import response_headers
 from policies.model import Placement, Purpose
 
 if TYPE_CHECKING:
     from gateways.app import Gateway
     from gateways.http1 import Response
-    from gateways.redact import Redactor
+    from gateways.redact import Redactor, StreamRedactor
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -284,13 +285,14 @@ async def _exchange(gw: Gateway, ex: Exchange, address: str, raw_target: bytes) 
     """Send the request, then stream the response back redacted: every header value, and the body
     chunk by chunk (decoded first if the upstream compressed it although asked for identity).
     A body that does not decode is refused before any byte is sent, or cut where it stops decoding.
-    Reasons: undecodable_response, decompression_bomb, upstream_timeout, upstream_protocol_error."""
+    Reasons: undecodable_response, decompression_bomb, sse_event_too_large, upstream_timeout,
+    upstream_protocol_error."""
     response = await gw.client.open(ex.method, address, raw_target, ex.upstream_headers, ex.body)
     header_redactions = 0
-    stream = None
+    stream: SseRedactor | StreamRedactor | None = None
     try:
         redactor = await _current_redactor(gw)
-        stream = redactor.stream()
+        stream = body_stream(redactor, response.headers)  # SSE: redacted as the client joins it
         decoder = body_decoder(v for k, v in response.headers if k.lower() == b"content-encoding")
         body = _decoded_body(response, decoder)
         first = await anext(body, b"") if decoder else b""

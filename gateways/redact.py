@@ -14,8 +14,10 @@ byte the longest.
 
 ``StreamRedactor`` does the same over a body that arrives in chunks: a match split across chunks
 at any offset is caught, and only the bytes that could still begin a match are held back — the
-longest suffix that is a prefix of some occurrence — so a finished server-sent event is never
-delayed. Its output equals ``Redactor.redact`` of the whole body, whatever the chunking.
+longest suffix that is a prefix of some occurrence. Its output equals ``Redactor.redact`` of the
+whole body, whatever the chunking. (Event streams go through ``gateways/sse.py``, which redacts
+what a client joins across events and uses the same two questions: ``spans`` and
+``held_suffix``.)
 """
 
 from __future__ import annotations
@@ -27,12 +29,18 @@ from dataclasses import dataclass
 
 from ahocorasick_rs import MATCHKIND_LEFTMOST_FIRST, BytesAhoCorasick
 
-from gateways.secret_forms import FAMILIES, Anchor, Text, compile_text, forms, texts
+from gateways.secret_forms import FAMILIES, JSON_FAMILY, Anchor, Text, compile_text, forms, texts
 
 __all__ = ["MARKER", "MIN_SECRET_LENGTH", "Redactor", "StreamRedactor", "forms"]
 
 MARKER = b"[REDACTED:valetkey]"
 MIN_SECRET_LENGTH = 4  # shorter values would redact ordinary text; policy secrets are longer
+# Teddy (the SIMD searcher) takes at most 64 patterns; past that the automaton runs about 10x
+# slower, so more anchors (folded forms, rotated secrets) are split into automata of this many
+TEDDY_PATTERNS = 64
+_SENTINEL = 1 << 62  # the mask bit of the "\\u" sentinel (no redactor has that many texts)
+_JSON_GATE = JSON_FAMILY.encode()
+Span = tuple[int, int, bytes]  # start, end, the marker that replaces it
 
 
 @dataclass(frozen=True, repr=False)
@@ -40,12 +48,17 @@ class _Matcher:
     full: re.Pattern[bytes]
     prefix: re.Pattern[bytes]
     longest: int
+    marker: bytes  # MARKER, in the text's own encoding (UTF-16/32)
+    head: bytes  # a match extends back over any suffix of this (a partial echo's earlier part)
+    fixed: bool  # no optional tail and no folding: a whole occurrence cannot grow
 
 
 @functools.lru_cache(maxsize=64)  # a rotation recompiles only the new secret's texts
 def _matcher(text: Text) -> tuple[_Matcher, frozenset[Anchor], frozenset[int]]:
     compiled = compile_text(text)
-    matcher = _Matcher(re.compile(compiled.full), re.compile(compiled.prefix), compiled.longest)
+    marker = MARKER.decode().encode(text.encoding) if text.encoding else MARKER
+    matcher = _Matcher(re.compile(compiled.full), re.compile(compiled.prefix), compiled.longest, marker,
+                       text.head, not text.tail and not text.fold)
     return matcher, compiled.anchors, compiled.alphabet
 
 
@@ -63,24 +76,35 @@ class Redactor:
             self._matchers.append(matcher)
             alphabet |= text_alphabet
         self.texts = len(self._matchers)
+        self._any_prefix = re.compile(b"|".join(b"(?:" + m.prefix.pattern + b")" for m in self._matchers))
         self.longest = max((m.longest for m in self._matchers), default=0)
         self.alphabet = bytes(sorted(alphabet))  # every byte any occurrence can hold
+        # 0 for alphabet bytes, 1 for the rest: one translate + rfind finds the last byte no
+        # occurrence can hold (bytes.rstrip(chars) costs a memchr per byte)
+        self._outside = bytes(0 if b in alphabet else 1 for b in range(256))
         # One automaton per escape family, searched only when the first byte of its introducer
         # occurs (a memchr): the always-on one stays small (a few verbatim anchors), so it runs as
         # Teddy. Each pattern carries the texts to verify around a hit of it.
+        # JSON escapes have their own automaton, run only when the always-on one meets "\\u…" (a
+        # sentinel pattern there: Teddy finds it for free, where `b"\\u" in data` costs a pass)
+        # (3 bytes each: the first 3 of every escape anchor, as Teddy fingerprints 3 bytes at most)
+        for sentinel in {a[:3] for f, a in owners if f == JSON_FAMILY}:
+            owners["", sentinel] = owners.get(("", sentinel), 0) | _SENTINEL
         self._prefilters: list[tuple[bytes, BytesAhoCorasick, list[int]]] = []
         for family in FAMILIES:
             patterns = sorted(a for f, a in owners if f == family)
-            if patterns:
-                automaton = BytesAhoCorasick(patterns, matchkind=MATCHKIND_LEFTMOST_FIRST)
-                masks = _with_hidden([owners[family, p] for p in patterns], patterns)
-                self._prefilters.append((family[:1].encode(), automaton, masks))
+            for i in range(0, len(patterns), TEDDY_PATTERNS):
+                group = patterns[i:i + TEDDY_PATTERNS]
+                automaton = BytesAhoCorasick(group, matchkind=MATCHKIND_LEFTMOST_FIRST)
+                masks = _with_hidden([owners[family, p] for p in group], group)
+                gate = family[:1] if family in ("%", "&#") else family
+                self._prefilters.append((gate.encode(), automaton, masks))
     def __repr__(self) -> str:
         return f"Redactor(texts={self.texts}, longest={self.longest})"
 
     def redact(self, data: bytes) -> tuple[bytes, int]:
         """Redact a complete value (a header, a whole body); returns (value, count)."""
-        spans = self.spans(data)
+        spans = self._spans(data)
         return _replace(data, spans, len(data)), len(spans)
 
     def stream(self) -> StreamRedactor:
@@ -88,10 +112,22 @@ class Redactor:
 
     def spans(self, data: bytes) -> list[tuple[int, int]]:
         """Non-overlapping (start, end) of every occurrence, left to right."""
+        return [(a, b) for a, b, _ in self._spans(data)]
+
+    def _spans(self, data: bytes) -> list[Span]:
         hits: list[tuple[int, int, int]] = []
+        escaped = False
         for gate, automaton, masks in self._prefilters:
-            if not gate or gate in data:
-                hits += [(a, b, masks[i]) for i, a, b in automaton.find_matches_as_indexes(data)]
+            if gate == _JSON_GATE:
+                if not escaped:
+                    continue
+            elif gate and gate not in data:
+                continue
+            matched = [(a, b, masks[i]) for i, a, b in automaton.find_matches_as_indexes(data)]
+            if not gate and any(h[2] & _SENTINEL for h in matched):
+                escaped = True
+                matched = [(a, b, mask & ~_SENTINEL) for a, b, mask in matched if mask & ~_SENTINEL]
+            hits += matched
         if not hits:
             return []
         if len(self._prefilters) > 1:
@@ -105,7 +141,7 @@ class Redactor:
                 regions[-1][2] |= mask
             else:
                 regions.append([a, b, mask])
-        spans: list[tuple[int, int]] = []
+        spans: list[Span] = []
         pos = 0
         for first, high, mask in regions:
             matchers = [m for i, m in enumerate(self._matchers) if mask >> i & 1]
@@ -119,18 +155,23 @@ class Redactor:
 
     @staticmethod
     def _leftmost_longest(matchers: list[_Matcher], data: bytes, pos: int, first: int, high: int
-                          ) -> tuple[int, int] | None:
+                          ) -> Span | None:
         """The leftmost occurrence starting before ``high`` (the longest of those starting at the
         same byte), searching each text only as far as its own longest occurrence reaches."""
-        best: tuple[int, int] | None = None
+        best: Span | None = None
         for matcher in matchers:
             reach = matcher.longest
             stop = min(len(data), high + reach, best[0] + reach if best else len(data))
             m = matcher.full.search(data, max(pos, first - reach), stop)
             if m is None or m.start() >= high:
                 continue
-            if best is None or m.start() < best[0] or (m.start() == best[0] and m.end() > best[1]):
-                best = m.span()
+            start = m.start()
+            if matcher.head:  # plain bytes, compared only after a hit: cheaper than a regex
+                stop_at = max(pos, start - len(matcher.head))
+                while start > stop_at and data[start - 1] == matcher.head[start - 1 - m.start()]:
+                    start -= 1
+            if best is None or start < best[0] or (start == best[0] and m.end() > best[1]):
+                best = (start, m.end(), matcher.marker)
         return best
 
     def held_suffix(self, data: bytes) -> int:
@@ -139,15 +180,19 @@ class Redactor:
             return 0
         low = max(0, len(data) - self.longest)
         # an occurrence is made of alphabet bytes only: look no further back than the last other byte
-        start = low + len(data[low:].rstrip(self.alphabet))
-        earliest = len(data)
-        for matcher in self._matchers:
-            m = matcher.prefix.search(data, start, len(data))
-            if m is not None and m.start() < earliest:
-                earliest = m.start()
-                if earliest == start:
-                    break
-        return len(data) - earliest
+        start = low + data[low:].translate(self._outside).rfind(1) + 1
+        if start == len(data):
+            return 0
+        # one search of all the texts' prefix patterns: the leftmost start is the earliest
+        m = self._any_prefix.search(data, start, len(data))
+        return len(data) - m.start() if m is not None else 0
+
+    def can_grow(self, data: bytes) -> bool:
+        """Whether ``data`` followed by one more byte could still begin an occurrence: false for a
+        complete one that nothing can extend (the secret itself, a base64 form with its padding)."""
+        if any(m.fixed and m.full.fullmatch(data) for m in self._matchers):
+            return False
+        return any(m.prefix.match(data + bytes((c,))) for c in self.alphabet for m in self._matchers)
 
 
 def _with_hidden(masks: list[int], patterns: list[bytes]) -> list[int]:
@@ -162,13 +207,13 @@ def _with_hidden(masks: list[int], patterns: list[bytes]) -> list[int]:
     return out
 
 
-def _replace(data: bytes, spans: list[tuple[int, int]], cut: int) -> bytes:
+def _replace(data: bytes, spans: list[Span], cut: int) -> bytes:
     if not spans:
         return data[:cut] if cut < len(data) else data
     out: list[bytes] = []
     pos = 0
-    for start, end in spans:
-        out += (data[pos:start], MARKER)
+    for start, end, marker in spans:
+        out += (data[pos:start], marker)
         pos = end
     out.append(data[pos:max(pos, cut)])
     return b"".join(out)
@@ -193,7 +238,7 @@ class StreamRedactor:
             return b""
         boundary = len(data) if final else len(data) - self._r.held_suffix(data)
         # an occurrence starting at or after the boundary may still grow: decide when more arrives
-        spans = [s for s in self._r.spans(data) if s[0] < boundary]
+        spans = [s for s in self._r._spans(data) if s[0] < boundary]
         self.count += len(spans)
         cut = max(spans[-1][1], boundary) if spans else boundary
         self._carry = data[cut:]

@@ -18,6 +18,11 @@ Base64 at alignment *k* (the secret preceded by *k* unknown bytes inside a longe
 output characters fully determined by the secret's bits are required; the last partial character
 (as it is when the blob ends with the secret) and the ``=`` padding follow as an optional tail.
 
+Also: the secret in UTF-16/32 (``wide_texts``; the marker follows the text's encoding) and the
+base64 of its UTF-16LE; base64 and hex *folded* — whitespace, JSON ``\\n`` or ``%0A`` between any
+two characters (``FOLD_GAP``, ``FOLD_RUN``); and partial echoes, a prefix or suffix of at least
+``PARTIAL_LENGTH`` characters after the provider's public prefix (``partial_texts``).
+
 Not covered: escapes of escapes other than double percent (``%5Cu0061``, JSON inside JSON), HTML
 numeric references without ``;`` or with more than three leading zeros, escaped letters or digits
 inside the base64 or hex text, mixed-case hex, base64 mixing both alphabets, and anything that
@@ -35,9 +40,23 @@ from dataclasses import dataclass, field
 from html.entities import html5
 from urllib.parse import quote, quote_plus
 
+from gateways.credential_scan import PUBLIC_PREFIXES
+
 Atom = tuple[frozenset[int], int, int]  # allowed bytes, fewest and most repetitions
 Alternative = tuple[Atom, ...]
 ANCHOR_LENGTH = 8  # bytes of each text's verbatim form the prefilter looks for
+# Folding: whitespace an encoder or a mail/PEM/JSON writer puts inside base64 or hex (line breaks
+# every 76 or 64 characters, CRLF or LF, JSON "\\n" escapes, percent-encoded breaks, spaces).
+# One gap is at most FOLD_GAP of these tokens; the regex allows a gap between any two characters,
+# the prefilter finds every occurrence whose lines (runs between gaps) are at least FOLD_RUN
+# characters long, and hex broken into 2- or 4-digit groups by single spaces.
+FOLD_GAP = 8
+FOLD_RUN = 20
+FOLD_ANCHORS = 8  # per text; a text longer than 99 characters needs lines of (length - 8) / 7 + 8
+_GAP = rb"(?:[ \t\r\n]|\\[nrt]|%%0[aAdD9]|%%20){0,%d}" % FOLD_GAP
+_HEX_GAP = _GAP.replace(b"[ ", b"[: ", 1)  # hex also in colon-separated pairs (fingerprints)
+_GAP_BYTES = frozenset(b" \t\r\n\\nrt%0aAdD92:")
+_GAP_LONGEST = 3 * FOLD_GAP
 # every proper prefix of every way of writing one character: a UTF-8 lead, or an unfinished escape
 ANY_PARTIAL = rb"(?:[\x80-\xff]{1,3}|[%&\\][#%0-9A-Za-z\\]{0,40})"
 
@@ -62,9 +81,10 @@ _ZEROS: Atom = (frozenset(b"0"), 0, 3)
 
 
 Anchor = tuple[str, bytes]  # (family, bytes): the family's introducer gates its prefilter
-# "" is searched always (verbatim anchors, JSON escapes: "\\u00" is rare in text, while a lone
-# backslash is everywhere in JSON); the others only when their introducer's first byte occurs
-FAMILIES = ("", "%", "&#")
+# "" is searched always (verbatim anchors); the others only when their introducer occurs (JSON
+# \\u escapes: a lone backslash is everywhere in JSON, "\\u" is not in ASCII text)
+JSON_FAMILY = "\\u"
+FAMILIES = ("", "%", "&#", JSON_FAMILY)
 
 
 @dataclass(frozen=True)
@@ -107,9 +127,9 @@ def unit(char: str, raw: bytes, escaped: bool = True) -> Unit:
     code = ord(char)
     if code > 0xFFFF:  # JSON writes characters outside the BMP as a surrogate pair
         high, low = 0xD800 + ((code - 0x10000) >> 10), 0xDC00 + ((code - 0x10000) & 0x3FF)
-        add("", (*_lit(b"\\u"), *_hex(high, 4), *_lit(b"\\u"), *_hex(low, 4)))
+        add("\\u", (*_lit(b"\\u"), *_hex(high, 4), *_lit(b"\\u"), *_hex(low, 4)))
     else:
-        add("", (*_lit(b"\\u"), *_hex(code, 4)))
+        add("\\u", (*_lit(b"\\u"), *_hex(code, 4)))
     if char in _JSON_SHORT:
         add("", _lit(_JSON_SHORT[char]))
     # numeric references are anchored by their digits and ";" (after the optional zeros)
@@ -129,9 +149,13 @@ class Text:
     required: bytes = field(repr=False)
     tail: bytes = field(default=b"", repr=False)
     escaped: str = "all"  # which characters may be escaped: "all", "punctuation" or "none"
+    head: bytes = field(default=b"", repr=False)  # verbatim before ``required``: any suffix of it
+    fold: bool = False  # whitespace may be inserted between characters (base64, hex)
+    encoding: str = ""  # the marker is written in this encoding (UTF-16/32 texts), else as is
 
     def units(self) -> tuple[list[Unit], list[Unit]]:
         return _units(self.required, self.escaped), _units(self.tail, self.escaped)
+
 
     @property
     def anchor(self) -> Anchor:
@@ -160,22 +184,79 @@ def base64_texts(secret: bytes) -> list[Text]:
         first, last = (8 * k + 5) // 6, (8 * (k + len(secret))) // 6  # fully determined characters
         for alphabet, table in (("std", None), ("url", bytes.maketrans(b"+/", b"-_"))):
             text = encoded.translate(table) if table else encoded
-            out.append(Text(f"base64-{alphabet}/{k}", text[first:last], text[last:], "punctuation"))
+            out.append(Text(f"base64-{alphabet}/{k}", text[first:last], text[last:], "punctuation",
+                            fold=True))
     return out
 
 
 def texts(secret: bytes) -> list[Text]:
     """Every text of one secret, duplicates removed."""
     found = [Text("raw", secret), *base64_texts(secret),
-             Text("hex", secret.hex().encode(), escaped="none"),
-             Text("HEX", secret.hex().upper().encode(), escaped="none")]
-    seen: set[tuple[bytes, bytes]] = set()
+             Text("hex", secret.hex().encode(), escaped="none", fold=True),
+             Text("HEX", secret.hex().upper().encode(), escaped="none", fold=True),
+             *wide_texts(secret), *partial_texts(secret)]
+    seen: set[tuple[bytes, bytes, bytes]] = set()
     unique = []
     for text in found:
-        if (text.required, text.tail) not in seen and text.required:
-            seen.add((text.required, text.tail))
+        if (text.head, text.required, text.tail) not in seen and text.required:
+            seen.add((text.head, text.required, text.tail))
             unique.append(text)
     return unique
+
+
+def wide_texts(secret: bytes) -> list[Text]:
+    """The secret in UTF-16 and UTF-32, either byte order. For characters up to U+00FF one text
+    serves both orders: the little-endian bytes without the last character's zero high bytes, which
+    follow as an optional tail. Its marker is little-endian, so a redacted body stays valid text in
+    either order (big-endian: the zeros before the first character and the marker line up)."""
+    text = "".join(c for c, _ in _chars(secret))
+    out: list[Text] = []
+    for bits in (16, 32):
+        zeros = bits // 8 - 1
+        if all(ord(c) <= 0xFF for c in text):
+            encoded = text.encode(f"utf-{bits}-le")
+            out.append(Text(f"utf-{bits}", encoded[:-zeros], bytes(zeros), "none",
+                            encoding=f"utf-{bits}-le"))
+            if bits == 16:  # base64 of UTF-16LE (PowerShell -EncodedCommand, .NET, NTLM blobs),
+                # and UTF-16 of the base64 (a UTF-16 page quoting a Basic header)
+                b64 = [t for t in base64_texts(secret) if t.name.startswith("base64-std")]
+                out += [Text(f"utf-16-{t.name}", t.required, t.tail, t.escaped)
+                        for t in base64_texts(encoded)]
+                out += [Text(f"utf-16-of-{t.name}", _le16(t.required)[:-1], b"\0" + _le16(t.tail), "none",
+                             encoding="utf-16-le") for t in b64]
+        else:
+            out += [Text(f"utf-{bits}-{order}", text.encode(f"utf-{bits}-{order}"), escaped="none",
+                         encoding=f"utf-{bits}-{order}") for order in ("le", "be")]
+    return out
+
+
+def _le16(ascii_text: bytes) -> bytes:
+    return ascii_text.decode("latin-1").encode("utf-16-le")
+
+
+PARTIAL_LENGTH = 8  # a prefix or suffix of at least this many characters past the public prefix
+PARTIAL_REACH = 64  # ... is redacted together with up to this many more characters of the secret
+
+
+def public_prefix(secret: bytes) -> bytes:
+    """The longest provider prefix (``sk-proj-``, ``ghp_``…) the secret starts with; b"" if none."""
+    return max((p for p in PUBLIC_PREFIXES if secret.startswith(p)), key=len, default=b"")
+
+
+def partial_texts(secret: bytes) -> list[Text]:
+    """A prefix and a suffix of the secret's variable part (after its public prefix), of at least
+    ``PARTIAL_LENGTH`` characters, as error pages print them (``sk-abc12345…``, ``…wxyz9876``)."""
+    public = public_prefix(secret)
+    chars = _chars(secret[len(public):])
+    codec = "utf-8" if all(u for _, u in chars) else "latin-1"
+    variable = "".join(c for c, _ in chars)
+    if len(variable) <= PARTIAL_LENGTH:
+        return []
+    start, end = variable[:PARTIAL_LENGTH], variable[-PARTIAL_LENGTH:]
+    after = variable[PARTIAL_LENGTH:PARTIAL_LENGTH + PARTIAL_REACH]
+    before = variable[-PARTIAL_LENGTH - PARTIAL_REACH:-PARTIAL_LENGTH]
+    return [Text("prefix", start.encode(codec), after.encode(codec), "punctuation"),
+            Text("suffix", end.encode(codec), escaped="punctuation", head=before.encode(codec))]
 
 
 def forms(secret: bytes) -> set[bytes]:
@@ -279,21 +360,51 @@ def _partial(node: _Node) -> bytes:
 
 def compile_text(text: Text) -> Compiled:
     required, tail = text.units()
+    head = _units(text.head, "none")  # verbatim: the redactor extends a match back into it
     regexes = [_unit_regex(u.alternatives) for u in required]
     tail_regexes = [_unit_regex(u.alternatives) for u in tail]
+    gap = (_HEX_GAP if text.escaped == "none" else _GAP) if text.fold else b""
     optional = b""
     for whole, _ in reversed(tail_regexes):
-        optional = b"(?:" + whole + optional + b")?"
-    full = b"".join(whole for whole, _ in regexes) + optional
+        optional = b"(?:" + gap + whole + optional + b")?"
+    full = regexes[0][0] + b"".join(gap + whole for whole, _ in regexes[1:]) + optional
     # Flat, not nested (a long secret would nest too deep): each unit matches whole, or partly with
     # the data ending there. Past the first unit "partly" is any escape-like fragment: a superset,
-    # which may hold back a few more bytes but never fewer.
+    # which may hold back a few more bytes but never fewer. (A head is not held for: an occurrence
+    # that starts in it is caught from its required part on; see docs/redaction.md.)
     prefix = [b"(?:" + regexes[0][0] + b"|" + regexes[0][1] + b"\\Z)"]
-    prefix += [b"(?:" + whole + b"|" + ANY_PARTIAL + b"\\Z|\\Z)" for whole, _ in regexes[1:] + tail_regexes]
-    alts = [a for u in required + tail for a in u.alternatives]
+    prefix += [b"(?:" + gap + b"(?:" + whole + b"|" + ANY_PARTIAL + b"\\Z|\\Z))"
+               for whole, _ in regexes[1:] + tail_regexes]
+    alts = [a for u in head + required + tail for a in u.alternatives]
+    anchors = {text.anchor}.union(*(u.anchors for u in head + required))
+    if text.fold:
+        anchors |= _fold_anchors(text.required, spaced=text.name == "hex",
+                                 colons=text.name in ("hex", "HEX"))
+    units = head + required + tail
     return Compiled(
-        full=full, prefix=b"".join(prefix) + b"\\Z",
-        anchors=frozenset({text.anchor}.union(*(u.anchors for u in required))),
-        alphabet=frozenset(b for a in alts for atom in a for b in atom[0]),
-        longest=sum(max(sum(atom[2] for atom in a) for a in u.alternatives) for u in required + tail),
+        full=full, prefix=b"".join(prefix) + b"\\Z", anchors=frozenset(anchors),
+        alphabet=frozenset(b for a in alts for atom in a for b in atom[0]).union(
+            _GAP_BYTES if text.fold else ()),
+        longest=sum(max(sum(atom[2] for atom in a) for a in u.alternatives) for u in units)
+        + (_GAP_LONGEST * (len(units) - 1) if text.fold else 0),
     )
+
+
+def _fold_anchors(required: bytes, spaced: bool, colons: bool) -> set[Anchor]:
+    """Verbatim pieces of a foldable text such that every occurrence whose runs between gaps are
+    at least ``FOLD_RUN`` long holds one: ``ANCHOR_LENGTH`` bytes every ``FOLD_RUN -
+    ANCHOR_LENGTH + 1`` (any run that long holds one whole), the first ``ANCHOR_LENGTH`` (one
+    gap near the end), for lower-case hex the text grouped by single spaces in 2s and 4s (the
+    dumps of xxd, hexdump, od), and for hex in either case colon-separated pairs (fingerprints).
+    Kept few: past 64 always-searched anchors the prefilter slows down."""
+    # at most FOLD_ANCHORS per text (a long secret's lines must then be longer: see FOLD_ANCHORS)
+    stride = max(FOLD_RUN - ANCHOR_LENGTH + 1, -(-(len(required) - ANCHOR_LENGTH) // (FOLD_ANCHORS - 1)))
+    starts = range(0, max(1, len(required) - ANCHOR_LENGTH + 1), stride)
+    pieces = {required[i:i + ANCHOR_LENGTH] for i in starts}
+    pieces.add(required[:ANCHOR_LENGTH])
+    groupings = [(b" ", 2), (b" ", 4)] if spaced else []
+    for sep, size in groupings + ([(b":", 2)] if colons else []):
+        grouped = sep.join(required[i:i + size] for i in range(0, len(required), size))
+        if len(required) > 2 * size:
+            pieces.add(grouped[-ANCHOR_LENGTH:])
+    return {("", p) for p in pieces}

@@ -148,3 +148,116 @@ def encode(body: bytes, codings: str) -> bytes:
 def header_coding(codings: str) -> bytes:
     names = [{"deflate-raw": "deflate", "bomb": "zstd"}.get(c.strip(), c.strip()) for c in codings.split(",")]
     return ", ".join(n for n in names if not n.startswith("corrupt")).encode()
+
+
+# Hostile forms (issue #11): the secret folded, in wide encodings, or in part. Each gives the bytes
+# the upstream echoes; tests check what the sandbox gets with ``revealed`` rather than exact bytes.
+def _folded(blob: bytes, width: int, sep: bytes) -> bytes:
+    return sep.join(blob[i:i + width] for i in range(0, len(blob), width))
+
+
+def _b64_blob(secret: bytes) -> bytes:
+    return base64.b64encode(b"-----certificate-like-prefix-----" * 2 + secret + b"trailing-bytes" * 3)
+
+
+HOSTILE: dict[str, Callable[[str], bytes]] = {
+    "b64-mime76-crlf": lambda s: _folded(_b64_blob(s.encode()), 76, b"\r\n"),
+    "b64-pem64-lf": lambda s: _folded(_b64_blob(s.encode()), 64, b"\n"),
+    "b64-wrap20-space": lambda s: _folded(_b64_blob(s.encode()), 20, b" "),
+    "b64-json-newlines": lambda s: _folded(_b64_blob(s.encode()), 64, b"\\n"),
+    "b64-secret-folded-at-9": lambda s: _folded(base64.b64encode(s.encode()), 9, b"\r\n "),
+    "hex-bytes-spaced": lambda s: b" ".join(b"%02x" % b for b in s.encode()),
+    "hex-xxd-groups": lambda s: _folded(s.encode().hex().encode(), 4, b" "),
+    "hex-folded-32": lambda s: _folded(s.encode().hex().encode(), 32, b"\n"),
+    "hex-colons-upper": lambda s: _folded(s.encode().hex(":").upper().encode(), 45, b"\n    "),
+    "utf-16-le": lambda s: s.encode("utf-16-le"),
+    "utf-16-be": lambda s: s.encode("utf-16-be"),
+    "utf-16-bom": lambda s: s.encode("utf-16"),
+    "utf-32-le": lambda s: s.encode("utf-32-le"),
+    "utf-32-be": lambda s: s.encode("utf-32-be"),
+    "b64-utf-16-le": lambda s: base64.b64encode(("powershell -c echo " + s).encode("utf-16-le")),
+    "prefix-12": lambda s: b"Incorrect API key provided: " + s[:12].encode() + b"...",
+    "prefix-20": lambda s: b"key " + s[:20].encode() + b"\xe2\x80\xa6 is invalid",
+    "suffix-8": lambda s: b"key ending in ..." + s[-8:].encode(),
+    "suffix-15": lambda s: b"****************" + s[-15:].encode(),
+}
+
+
+def unfolded(data: bytes) -> bytes:
+    """``data`` without the whitespace, colons and escaped line breaks a folding may have put in."""
+    for gap in (b"\\r", b"\\n", b"\\t", b"%0A", b"%0D", b"%0a", b"%0d", b"%20", b":"):
+        data = data.replace(gap, b"")
+    return data.translate(None, b" \t\r\n")
+
+
+def revealed(secret: str, data: bytes, partial: int = 8) -> list[str]:
+    """Names of the ways ``data`` still shows the secret (empty: nothing revealed): verbatim, as
+    its base64 at any alignment or hex once whitespace is removed, as UTF-16/32 text, or an
+    8-character prefix or suffix."""
+    raw = secret.encode()
+    found = []
+    flat = unfolded(data)
+    for k, value in itertools.product(range(3), (raw, secret.encode("utf-16-le"))):
+        full = base64.b64encode(bytes(k) + value)
+        first, last = -(-8 * k // 6), 8 * (k + len(value)) // 6
+        for table in (None, bytes.maketrans(b"+/", b"-_")):
+            if full[first:last].translate(table) in flat:
+                found.append(f"base64/{k}")
+    for name, text in (("hex", raw.hex().encode()), ("HEX", raw.hex().upper().encode())):
+        if text in flat:
+            found.append(name)
+    for codec in ("utf-8", "utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be"):
+        for shift in range(4):
+            text = data[shift:].decode(codec, "replace")
+            if secret in text or secret[:partial] in text or secret[-partial:] in text:
+                found.append(f"{codec}+{shift}")
+    return found
+
+
+def split_events(form: bytes, style: str, parts: int) -> list[bytes]:
+    """Server-sent events carrying ``form`` cut into ``parts`` pieces, as a client would join them:
+    ``raw`` data payloads, ``crlf`` the same with CRLF lines and an id field,
+    ``openai`` chat.completion.chunk deltas, ``anthropic`` content_block_delta text deltas, ``ndjson``
+    JSON lines with a ``response`` delta."""
+    text = form.decode("latin-1")
+    size = -(-len(text) // parts)
+    pieces = ["The key is: " + text[:size]] + [text[i:i + size] for i in range(size, len(text), size)]
+    pieces[-1] += " (end)"
+    events = []
+    for n, piece in enumerate(pieces):
+        if style == "raw":
+            events.append(b"data: " + piece.encode("latin-1") + b"\n\n")
+        elif style == "crlf":
+            events.append(b"id: %d\r\ndata:" % n + piece.encode("latin-1") + b"\r\n\r\n")
+        elif style == "openai":
+            chunk = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "gpt-x",
+                     "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}
+            events.append(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        elif style == "ndjson":  # streamed JSON lines (Ollama-style), not SSE
+            events.append(json.dumps({"model": "m", "response": piece, "done": False}).encode() + b"\n")
+        elif style == "anthropic":
+            delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}}
+            events.append(b"event: content_block_delta\ndata: " + json.dumps(delta).encode() + b"\n\n")
+            if n % 2:
+                events.append(b"event: ping\ndata: {\"type\": \"ping\"}\n\n")
+    return events
+
+
+def joined(body: bytes) -> tuple[list[bytes], str, str]:
+    """A client's view of an event stream: the raw events, the data payloads joined, and the text
+    deltas (OpenAI ``choices[0].delta.content``, Anthropic ``delta.text``) joined."""
+    events = [e for e in body.replace(b"\r\n", b"\n").split(b"\n\n") if e.strip()]
+    data, text = [], []
+    for event in events:
+        payload = b"".join(line[5:].removeprefix(b" ") for line in event.split(b"\n")
+                           if line.startswith(b"data:"))
+        data.append(payload.decode("utf-8", "replace"))
+        try:
+            value = json.loads(payload)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            choices = value.get("choices") or [{}]
+            text.append(choices[0].get("delta", {}).get("content") or "")
+            text.append(value.get("delta", {}).get("text") or "")
+    return events, "".join(data), "".join(text)

@@ -134,16 +134,31 @@ LEAK_GATE = threading.Semaphore(0)  # /leak?where=sse: the next event waits for 
 async def _leak(up: EchoUpstream, scope: Scope, seen: Seen, send: Send) -> None:
     """Echo the real secret in the form and place the request names (see tests/support/leaks.py):
     ``?form=NAME&where=body|sse|header:NAME&size=BYTES&chunk=BYTES&split=OFFSET&encoding=CODINGS``.
-    ``split`` cuts the body inside the form's first occurrence, at that offset, and pauses there."""
+    ``split`` cuts the body inside the form's first occurrence, at that offset, and pauses there.
+    ``hostile=NAME`` takes the form from ``leaks.HOSTILE`` instead; ``charset`` re-encodes the whole
+    body; ``type`` sets its Content-Type; ``where=sse-split&style=S&parts=N`` streams the form cut
+    into N events (``leaks.split_events``)."""
     q = dict(parse_qsl(seen.query))
-    form, redacted = leaks.FORMS[q["form"]](up.secret)
+    form, redacted = (leaks.HOSTILE[q["hostile"]](up.secret), b"") if "hostile" in q else \
+        leaks.FORMS[q["form"]](up.secret)
     where = q.get("where", "body")
-    headers = [(b"content-type", b"text/event-stream" if where == "sse" else b"application/json")]
+    content_type = q.get("type", "text/event-stream" if where.startswith("sse") else "application/json")
+    headers = [(b"content-type", content_type.encode())]
     body = b'{"ok": true}\n'
     if where.startswith("header:"):
         headers.append((where[7:].encode(), leaks.HEADERS[where[7:]](form)))
     elif where == "body":
         body, _ = leaks.leak_body(form, redacted, int(q.get("size", "0")))
+    elif where == "sse-split":
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        for event in leaks.split_events(form, q.get("style", "raw"), int(q.get("parts", "2"))):
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+            await asyncio.sleep(0.005)  # each event read on its own
+        done = b'{"done": true}\n' if q.get("style") == "ndjson" else b"data: [DONE]\n\n"
+        await send({"type": "http.response.body", "body": done})
+        return
+    if "charset" in q:  # the whole body as text in a wide encoding (the form given as text)
+        body = body.decode("utf-8").encode(q["charset"])
     if "encoding" in q:
         body = leaks.encode(body, q["encoding"])
         headers.append((b"content-encoding", leaks.header_coding(q["encoding"])))
