@@ -29,6 +29,7 @@ from broker import auditlog
 from broker.revocations import RevocationStore, Scope, new_revocation
 from broker.secret import Secret
 from broker.settings import SettingsError
+from broker.tasks import stop_task
 from gateways.audit import AuditRecord
 from policies.model import Alerting, AlertKind
 
@@ -38,10 +39,11 @@ PREFIX = "valetkey:detect:"
 FIRED_TTL = 24 * 3600
 RETRIES = (0.2, 0.5, 1.0, 2.0, 5.0)
 # refusals that say nothing about the agent's intent: a run retrying into its own rate limit has its
-# own alert (budget_exhausted); stale state is ours; a revoked run is already stopped; a client
-# that hangs up mid-upload (a cancelled call, a load generator stopping) refused nothing
-NOT_A_DENIAL_SIGNAL = frozenset({"budget_exceeded", "revocation_state_stale", "token_revoked",
-                                 "client_disconnected"})
+# own alert (budget_exhausted); too many requests in flight is load, not intent; stale state (keys,
+# revocations) is ours; a revoked run is already stopped; a client that hangs up mid-upload (a
+# cancelled call, a load generator stopping) refused nothing
+NOT_A_DENIAL_SIGNAL = frozenset({"budget_exceeded", "run_concurrency_exceeded", "revocation_state_stale",
+                                 "token_revoked", "client_disconnected", "jwks_stale", "jwks_unavailable"})
 PROBE_REASONS = frozenset({"purpose_not_granted", "audience_mismatch", "method_refused", "invalid_token",
                            "absolute_form_target", "token_revoked"})
 
@@ -116,10 +118,8 @@ class WebhookSender:
             self._task = asyncio.create_task(self._run(), name="alert-webhook")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop_task(self._task)
+        self._task = None
         await self._http.aclose()
 
     async def _run(self) -> None:

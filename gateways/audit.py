@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from redis.exceptions import RedisError
 
 from broker.errors import ValetkeyError
+from broker.tasks import stop_task
 
 log = logging.getLogger("valetkey.audit")
 Observer = Callable[["AuditRecord", int], Awaitable[None]]
@@ -146,10 +147,8 @@ class AuditSink:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(2.0):  # let queued lines reach Redis before exiting
                 await self._queue.join()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop_task(self._task)
+        self._task = None
 
     async def _drain(self) -> None:
         while True:

@@ -34,6 +34,7 @@ from enum import Enum, StrEnum
 from typing import Any, Final
 
 from broker.errors import BadRequest, Forbidden, Reason, Unavailable, UpstreamError, ValetkeyError
+from broker.tasks import stop_task
 
 log = logging.getLogger("valetkey.gateway")
 
@@ -373,11 +374,8 @@ class PinnedResolver:
         return target
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         while True:

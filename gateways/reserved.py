@@ -1,7 +1,7 @@
 """The gateway's own endpoints under ``/.valetkey/`` (no upstream path starts with it).
 
     GET  /.valetkey/healthz    the process is up
-    GET  /.valetkey/readyz     secret loaded, egress pinned, JWKS loaded, revocation state fresh
+    GET  /.valetkey/readyz     secret, egress, JWKS and revocation state all fresh
     GET  /.valetkey/metrics    Prometheus
     GET  /.valetkey/info       which upstream this is and where its placeholder goes (no secret)
     POST /.valetkey/end-run    the caller's own run ends now, everywhere (send the placeholder as
@@ -67,7 +67,7 @@ def info(gw: Gateway) -> dict[str, Any]:
 
 async def _readyz(gw: Gateway, send: Send) -> None:
     checks = {"secret": _ok(gw.secrets.current), "egress": _ok(gw.resolver.current),
-              "jwks": bool(gw.keys.kids), "revocations": gw.revocations.fresh}
+              "jwks": gw.keys.fresh, "revocations": gw.revocations.fresh}
     ok = all(checks.values())
     body = {"status": "ready" if ok else "not_ready", "upstream": gw.upstream.name, "checks": checks}
     await reply(send, 200 if ok else 503, json.dumps(body).encode())

@@ -24,6 +24,7 @@ from redis.exceptions import RedisError
 
 from broker.errors import Reason, Unavailable, ValetkeyError
 from broker.revocations import CHANNEL, Revocation, RevocationSet, RevocationStore
+from broker.tasks import stop_task
 from broker.tokens import AccessClaims
 
 log = logging.getLogger("valetkey.gateway")
@@ -85,10 +86,8 @@ class RevocationWatcher:
             await self._ready.wait()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop_task(self._task)
+        self._task = None
 
     def _apply(self, record: Revocation) -> None:
         self.state.apply(record)

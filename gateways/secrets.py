@@ -10,13 +10,13 @@ the store fails closed (``secret_unavailable``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
 
 from broker.errors import Reason, Unavailable, ValetkeyError
 from broker.secret import Secret
+from broker.tasks import stop_task
 from broker.vault import VaultClient
 from policies.model import SecretRef
 
@@ -88,10 +88,8 @@ class SecretStore:
         self._task = asyncio.create_task(self._run(), name=f"secret-refresh:{self._ref.path}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop_task(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         while True:
