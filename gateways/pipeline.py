@@ -147,7 +147,8 @@ async def _attribute(gw: Gateway, ex: Exchange) -> None:
 
 async def authenticate(gw: Gateway, ex: Exchange) -> None:
     """The run token from where the policy puts the credential, verified for this audience and a
-    live run. Fills claims. Reasons: missing_token, invalid_token, audience_mismatch."""
+    live run. Fills claims. Reasons: missing_token, invalid_token, audience_mismatch, token_revoked,
+    revocation_state_stale, jwks_stale, jwks_unavailable."""
     token = extract_placeholder(gw.upstream.injection, ex.headers, ex.query, gw.realm)
     try:
         ex.claims = await gw.verifier.verify(token)

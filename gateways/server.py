@@ -78,9 +78,8 @@ REFUSED_RESPONSE = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: applicat
 
 
 class GatewayProtocol(HttpToolsProtocol):
-    max_connections = 4096  # per process; set from settings by ``config``
+    max_connections = 4096  # per process; ``config`` puts the settings' values on the uvicorn Config
     header_timeout = 10.0
-    refused = 0  # connections answered 503 connection_limit (class-wide: one server per process)
     _since_body = 0  # bytes received since the message began or body bytes last arrived
     _seen = 0  # bytes of target and headers parsed so far
     _in_head = True
@@ -124,9 +123,11 @@ class GatewayProtocol(HttpToolsProtocol):
             raise HeadTooLarge(f"request head over {MAX_HEAD} bytes")
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        # plain attributes of the uvicorn Config: it is pickled into each --workers process
+        self.max_connections = getattr(self.config, "valetkey_max_connections", self.max_connections)
+        self.header_timeout = getattr(self.config, "valetkey_header_timeout", self.header_timeout)
         if len(self.server_state.connections) >= self.max_connections:
             # refused before anything is read or allocated: the descriptor is released at once
-            type(self).refused += 1
             transport.write(REFUSED_RESPONSE)
             transport.close()
             self.transport, self.cycle = transport, None  # type: ignore[assignment]
@@ -207,21 +208,17 @@ class GatewayProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-def protocol_for(settings: GatewaySettings) -> type[GatewayProtocol]:
-    """``GatewayProtocol`` with this process's connection cap and head timeout."""
-    return type("GatewayProtocol", (GatewayProtocol,), {
-        "max_connections": settings.max_connections, "header_timeout": float(settings.header_timeout),
-        "refused": 0})
-
-
 def config(app: Any, settings: GatewaySettings, log_level: str = "warning",
            workers: int = 1) -> uvicorn.Config:
-    return uvicorn.Config(
-        app, host=settings.host, port=settings.port, http=protocol_for(settings), loop="asyncio",
+    cfg = uvicorn.Config(
+        app, host=settings.host, port=settings.port, http=GatewayProtocol, loop="asyncio",
         log_level=log_level, access_log=False, server_header=False, date_header=False, lifespan="on",
         workers=workers, timeout_keep_alive=settings.keepalive_timeout,
         proxy_headers=False,  # the client address is the sandbox's, never a header's claim
     )
+    cfg.valetkey_max_connections = settings.max_connections  # type: ignore[attr-defined]
+    cfg.valetkey_header_timeout = float(settings.header_timeout)  # type: ignore[attr-defined]
+    return cfg
 
 
 def from_env() -> Any:
