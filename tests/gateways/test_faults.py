@@ -67,14 +67,17 @@ def _timed(url: str, token: str) -> tuple[float, httpx.Response]:
 def test_hung_jwks_endpoint_never_stalls_the_request_path(gateway_stack: Stack) -> None:
     jwks = HangableServer(httpx.get(f"{gateway_stack.broker_url}/.well-known/jwks.json").content).start()
     server = start_gateway(gateway_stack, "echo", VALETKEY_BROKER_URL=jwks.url,
-                           VALETKEY_JWKS_MAX_AGE="1s", VALETKEY_JWKS_MAX_STALE="4s")
+                           VALETKEY_JWKS_MAX_AGE="1s", VALETKEY_JWKS_MAX_STALE="8s")
+    started = time.monotonic()
     token = gateway_stack.mint([ITEM])["env"]["ECHO_TOKEN"]
     try:
         asyncio.run(_load(server.url, token, 0.3))  # warm-up: connections, caches
         healthy, _ = asyncio.run(_load(server.url, token, 1.0))
         jwks.hang()
         hung_at = time.monotonic()
-        time.sleep(1.2)  # past max_age: the background refresh is now stuck on the hung endpoint
+        # past max_age and past the 5 s between fetch attempts: a refresh is due and the endpoint
+        # is hung (the old cache then made every request wait on one 5 s fetch after another)
+        time.sleep(max(0.0, started + 5.5 - time.monotonic()))
         hung, statuses = asyncio.run(_load(server.url, token, 1.0))
         assert set(statuses) == {200}, statuses
         print(f"\nknown-key throughput: healthy {healthy} req/s, JWKS hung {hung} req/s")
@@ -89,8 +92,8 @@ def test_hung_jwks_endpoint_never_stalls_the_request_path(gateway_stack: Stack) 
             assert elapsed < 2.0, elapsed
         assert server.server.config.app.gateway.keys.fetches - fetches <= 1
 
-        # past max_stale (4 s after the last good load, which preceded the hang): fail closed, fast
-        deadline = hung_at + 4 + 2
+        # past max_stale (8 s after the last good load, which preceded the hang): fail closed, fast
+        deadline = hung_at + 8 + 3
         while time.monotonic() < deadline:
             elapsed, response = _timed(server.url, token)
             assert elapsed < 2.0, elapsed
