@@ -155,6 +155,9 @@ class GatewayProtocol(HttpToolsProtocol):
         self._head_timer = None
         if self.transport.is_closing():
             return
+        if self.cycle is not None and not self.cycle.response_complete:
+            self._arm_head_timer()  # a pipelined head waits on our own response: not the client's fault
+            return
         if not self._began:
             self.transport.close()  # nothing arrived: nothing to answer
             return

@@ -114,6 +114,8 @@ def test_connection_cap_refuses_cleanly_and_keeps_serving(gateway_stack: Stack, 
                           limits=httpx.Limits(max_connections=1)) as kept:
             assert kept.get("/v1/items").status_code == 200
             fds_before, rss_before = gw.fds(), gw.rss_mb()
+            partial = socket.create_connection(("127.0.0.1", int(gw.url.rsplit(":", 1)[1])))
+            partial.sendall(b"GET /v1/items HTTP/1.1\r\nHost: gateway\r\n")  # a head that never ends
             idle = open_idle(int(gw.url.rsplit(":", 1)[1]), 1000)
             try:
                 time.sleep(1.0)
@@ -123,9 +125,12 @@ def test_connection_cap_refuses_cleanly_and_keeps_serving(gateway_stack: Stack, 
                 assert kept.get("/v1/items").status_code == 200
                 time.sleep(2.5)  # the head timeout closes the idle ones that were let in
                 after = answers(idle)
+                partial.settimeout(5)
+                slow_head = partial.recv(4096)
                 fds_after = gw.fds()
                 fresh = httpx.get(f"{gw.url}/v1/items", headers={"Authorization": f"Bearer {token}"}, timeout=10)
             finally:
+                partial.close()
                 for sock in idle:
                     sock.close()
         print(f"\ncap 200, 1000 idle connections: fds {fds_before} -> {fds_peak} -> {fds_after}, "
@@ -137,6 +142,8 @@ def test_connection_cap_refuses_cleanly_and_keeps_serving(gateway_stack: Stack, 
     assert after["open"] == 0, after  # nobody left holding a descriptor without sending a head
     assert fds_after <= fds_before + 10, (fds_before, fds_after)
     assert fresh.status_code == 200
+    assert slow_head.startswith(b"HTTP/1.1 408"), slow_head
+    assert b'"request_head_timeout"' in slow_head
     text = gw.log.read_text()
     assert "Traceback" not in text
     assert "Too many open files" not in text
