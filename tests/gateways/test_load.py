@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 
 from gateways.app import GatewayApp
 from gateways.server import GatewayProtocol
@@ -44,6 +45,7 @@ def _errors(responses: list[httpx.Response]) -> dict[str, int]:
     return counts
 
 
+@pytest.mark.slow
 def test_a_thousand_concurrent_budgeted_requests_all_pass(gateway_stack: Stack) -> None:
     """Every request runs the budget script in Redis. redis-py's default pool (100 connections,
     then MaxConnectionsError) refused 786 of 1,000 with 503 redis_unavailable; one bounded pool
