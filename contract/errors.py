@@ -64,17 +64,23 @@ class Reason(StrEnum):
     UNKNOWN_REVOCATION_TARGET = "unknown_revocation_target"  # a runtime or upstream not in policy
     REVOCATION_STATE_STALE = "revocation_state_stale"
     BUDGET_EXCEEDED = "budget_exceeded"
+    RUN_CONCURRENCY_EXCEEDED = "run_concurrency_exceeded"  # gateways/runslots.py
     # dependencies
     VAULT_UNAVAILABLE = "vault_unavailable"
     REDIS_UNAVAILABLE = "redis_unavailable"
     SIGNING_FAILED = "signing_failed"
     BROKER_OVERLOADED = "broker_overloaded"  # broker/admission.py
+    JWKS_UNAVAILABLE = "jwks_unavailable"  # contract/jwks.py: an unknown kid and no good fetch
+    JWKS_STALE = "jwks_stale"  # contract/jwks.py: the key set is older than its bound
     # gateway: request framing and target
     ABSOLUTE_FORM_TARGET = "absolute_form_target"
     AMBIGUOUS_FRAMING = "ambiguous_framing"
     DUPLICATE_HOST = "duplicate_host"
     MALFORMED_REQUEST = "malformed_request"
     METHOD_REFUSED = "method_refused"
+    # gateway: connections (gateways/server.py)
+    CONNECTION_LIMIT = "connection_limit"
+    REQUEST_HEAD_TIMEOUT = "request_head_timeout"
     # gateway: credentials and purposes
     MISSING_TOKEN = "missing_token"  # noqa: S105 - a reason code, not a secret
     PURPOSE_NOT_GRANTED = "purpose_not_granted"

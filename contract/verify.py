@@ -13,7 +13,9 @@ numbers). Every failure is ``TokenInvalid`` with ``check`` naming the step (``si
 ``audience_mismatch``.
 
 Signature results are cached by token hash (never the raw token), so a repeated token costs a
-dict lookup; time, audience and run checks still run on every call.
+dict lookup; time, audience and run checks still run on every call. The key set is refreshed in
+the background (``contract/jwks.py``): verification never waits on a JWKS fetch, except up to
+``UNKNOWN_KID_WAIT`` for a ``kid`` the set does not hold yet.
 
 The signature is checked with ``cryptography``'s Ed25519 (the primitive joserfc itself calls) over
 the signing input of the token we already parsed strictly: joserfc's ``deserialize_compact``
@@ -215,8 +217,7 @@ class TokenVerifier:
         return claims
 
     async def _signed_claims(self, token: str) -> AccessClaims:
-        if self.keys.stale():  # a clock check; no coroutine on the usual path
-            await self.keys.ensure_fresh()
+        self.keys.check()  # a clock read: keys past their bound are not used (jwks_stale)
         key = token_hash(token) if len(token) <= MAX_TOKEN_BYTES else ""
         cached = self._cache.get(key) if key else None
         if cached is not None and self.keys.current(cached.kid):

@@ -2,8 +2,8 @@
 
 Start-up (lifespan) logs in to Vault and reads the secret, resolves and pins the upstream
 address, loads the JWKS from the broker: a gateway that cannot do all three does not start.
-After that the request path touches only memory and Redis (run state); Vault and the JWKS are
-refreshed in the background.
+After that the request path touches only memory and Redis (run state, through one bounded
+pool); Vault, the JWKS and the upstream address are refreshed in the background.
 
 Reserved paths under ``/.valetkey/`` (health, readiness, info, end-run) are answered by the
 gateway itself; no upstream path starts with ``/.valetkey/``. Metrics are served only on the
@@ -27,6 +27,12 @@ from contract.secret import Secret
 from contract.vault import VaultClient
 from contract.verify import TokenVerifier
 from gateways import reserved
+from contract.jwks import KeyCache, http_fetcher
+from contract.secret import Secret
+from contract.vault import VaultClient
+from contract.verify import TokenVerifier
+from gateways import overload, reserved
+from gateways.detectors import Detectors, WebhookSender
 from gateways.audit import AuditSink, Metrics
 from gateways.budget import Budgets
 from gateways.credential_scan import CredentialScanner
@@ -36,11 +42,16 @@ from gateways.pipeline import Receive, Send, handle, new_exchange
 from gateways.redact import Redactor
 from gateways.revocation_watcher import RevocationWatcher
 from gateways.secret_store import SecretStore
+from gateways.revocation_watcher import RevocationWatcher
+from gateways.runslots import RunSlots
+from gateways.secret_store import SecretStore
 from gateways.settings import GatewaySettings
 from gateways.upstream import UpstreamClient
 from policies.model import Alerting, Injection, Placement, Upstream
 
 RESERVED_PREFIX = "/.valetkey/"
+STOP_GRACE = 15.0  # seconds: a stop that takes longer is abandoned, so the process still exits
+REDIS_POOL_WAIT = 2.0  # seconds a request waits for a free Redis connection before redis_unavailable
 
 # httpx logs each request URL at INFO and httpcore more at DEBUG; a webhook URL can itself be a
 # credential (Slack-style), so these loggers never go below WARNING in a valetkey process.
@@ -75,11 +86,13 @@ class Gateway:
     http: httpx.AsyncClient
     revocations: RevocationWatcher
     budgets: Budgets
+    slots: RunSlots
     detectors: Detectors
     webhook: WebhookSender
     _scanner: tuple[int, CredentialScanner] | None = field(default=None, repr=False)
     _metrics_server: tuple[Any, Any] | None = field(default=None, repr=False)
     _redactor: tuple[int, Redactor] | None = field(default=None, repr=False)
+    loop_errors: overload.QuietErrors | None = field(default=None, repr=False)
 
     @property
     def realm(self) -> str:
@@ -108,13 +121,17 @@ class Gateway:
     def build(cls, settings: GatewaySettings, upstream: Upstream, resolver: Resolver | None = None,
               alerting: Alerting | None = None) -> Gateway:
         vault = VaultClient(settings.vault_addr, settings.vault_token or Secret(""))
-        redis = aioredis.Redis.from_url(settings.redis_url, socket_timeout=2.0)
+        # one pool for budgets, audit, alerts and revocations, sized on purpose: a request waits
+        # up to REDIS_POOL_WAIT for a free connection rather than failing at redis-py's cap
+        redis = aioredis.Redis.from_pool(aioredis.BlockingConnectionPool.from_url(
+            settings.redis_url, max_connections=settings.redis_max_connections, timeout=REDIS_POOL_WAIT,
+            socket_timeout=2.0))
         broker_tls: ssl.SSLContext | bool = (
             ssl.create_default_context(cafile=settings.broker_ca_file) if settings.broker_ca_file else True
         )
         http = httpx.AsyncClient(timeout=5.0, trust_env=False, verify=broker_tls)
         keys = KeyCache(http_fetcher(f"{settings.broker_url}/.well-known/jwks.json", http),
-                        max_age=settings.jwks_max_age)
+                        max_age=settings.jwks_max_age, max_stale=settings.jwks_max_stale)
         metrics = Metrics()
         policy = alerting or Alerting()
         revocations = RevocationWatcher(redis, max_stale=settings.revocation_max_stale)
@@ -139,18 +156,23 @@ class Gateway:
             verifier=TokenVerifier(issuer=settings.issuer, audience=upstream.name, keys=keys,
                                    run_check=revocations.run_check, leeway=settings.token_leeway),
             client=UpstreamClient(upstream, connect=settings.connect_timeout, read=settings.read_timeout,
+                                  max_connections=settings.upstream_max_connections,
                                   ca_file=settings.upstream_ca_file),
             audit=audit, metrics=metrics, http=http, revocations=revocations,
-            budgets=Budgets(redis, upstream), detectors=detectors, webhook=webhook,
+            budgets=Budgets(redis, upstream), slots=RunSlots(upstream.run_limits.concurrent),
+            detectors=detectors, webhook=webhook,
         )
 
     async def start(self) -> None:
+        settings = self.settings
+        self.loop_errors = overload.install(asyncio.get_running_loop(), overload.needed_fds(
+            settings.max_connections, settings.upstream_max_connections, settings.redis_max_connections))
         await self.revocations.start()
         await self.webhook.start()
         await self.secrets.start()
         await asyncio.to_thread(self.redactor)  # compile the forms now, not on the first request
         await self.resolver.start()
-        await self.keys.refresh(force=True)
+        await self.keys.start()
         await self.audit.start()
         if self.settings.metrics_listen is not None:
             host, port = self.settings.metrics_listen
@@ -167,6 +189,7 @@ class Gateway:
         await self.revocations.stop()
         await self.secrets.stop()
         await self.resolver.stop()
+        await self.keys.stop()
         await self.client.aclose()
         await self.http.aclose()
         await self.vault.aclose()
@@ -206,7 +229,7 @@ class GatewayApp:
                     await gateway.start()
                 except Exception as exc:  # every start-up failure ends the process with its reason
                     if gateway is not None:
-                        await gateway.stop()
+                        await _stop_within(gateway, STOP_GRACE)
                     detail = getattr(exc, "detail", None) or str(exc) or type(exc).__name__
                     self.startup_error = f"{getattr(exc, 'code', 'error')}: {detail}"
                     await send({"type": "lifespan.startup.failed", "message": str(detail)})
@@ -215,10 +238,22 @@ class GatewayApp:
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 if self.gateway is not None:
-                    await self.gateway.stop()
+                    await _stop_within(self.gateway, STOP_GRACE)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
     async def _reserved(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if self.gateway is not None:
             await reserved.handle(self.gateway, scope, receive, send)
+
+
+async def _stop_within(gateway: Gateway, grace: float) -> None:
+    """Stop, but never wait longer than ``grace``: not even a task that swallows its
+    cancellation (``contract/tasks.py``) can keep a failed start-up from ending the process."""
+    stopping = asyncio.ensure_future(gateway.stop())
+    done, _ = await asyncio.wait({stopping}, timeout=grace)
+    if not done:
+        logging.getLogger("valetkey.gateway").warning('{"event": "stop_abandoned", "after_s": %g}', grace)
+    elif stopping.exception() is not None:
+        logging.getLogger("valetkey.gateway").warning('{"event": "stop_failed", "error": "%s"}',
+                                                      type(stopping.exception()).__name__)

@@ -26,6 +26,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from redis.exceptions import RedisError
 
 from contract.errors import ValetkeyError
+from contract.errors import ValetkeyError
+from contract.tasks import stop_task
 
 log = logging.getLogger("valetkey.audit")
 Observer = Callable[["AuditRecord", int], Awaitable[None]]
@@ -181,10 +183,8 @@ class AuditSink:
             async with asyncio.timeout(2.0):  # let buffered lines reach Redis before exiting
                 if self._task is not None and not self._task.done():
                     await self._idle.wait()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop_task(self._task)
+        self._task = None
 
     async def _drain(self) -> None:
         delay = self.RETRY_FIRST

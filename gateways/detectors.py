@@ -30,6 +30,11 @@ from contract.env import SettingsError
 from contract.revocation_events import revoke_and_record
 from contract.revocations import Scope, new_revocation
 from contract.secret import Secret
+from contract import audit_stream
+from contract.revocations import RevocationStore, Scope, new_revocation
+from contract.secret import Secret
+from contract.env import SettingsError
+from contract.tasks import stop_task
 from gateways.audit import AuditRecord
 from policies.model import Alerting, AlertKind
 
@@ -39,10 +44,11 @@ PREFIX = "valetkey:detect:"
 FIRED_TTL = 24 * 3600
 RETRIES = (0.2, 0.5, 1.0, 2.0, 5.0)
 # refusals that say nothing about the agent's intent: a run retrying into its own rate limit has its
-# own alert (budget_exhausted); stale state is ours; a revoked run is already stopped; a client
-# that hangs up mid-upload (a cancelled call, a load generator stopping) refused nothing
-NOT_A_DENIAL_SIGNAL = frozenset({"budget_exceeded", "revocation_state_stale", "token_revoked",
-                                 "client_disconnected"})
+# own alert (budget_exhausted); too many requests in flight is load, not intent; stale state (keys,
+# revocations) is ours; a revoked run is already stopped; a client that hangs up mid-upload (a
+# cancelled call, a load generator stopping) refused nothing
+NOT_A_DENIAL_SIGNAL = frozenset({"budget_exceeded", "run_concurrency_exceeded", "revocation_state_stale",
+                                 "token_revoked", "client_disconnected", "jwks_stale", "jwks_unavailable"})
 PROBE_REASONS = frozenset({"purpose_not_granted", "audience_mismatch", "method_refused", "invalid_token",
                            "absolute_form_target", "token_revoked"})
 
@@ -117,10 +123,8 @@ class WebhookSender:
             self._task = asyncio.create_task(self._run(), name="alert-webhook")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop_task(self._task)
+        self._task = None
         await self._http.aclose()
 
     async def _run(self) -> None:

@@ -34,6 +34,8 @@ from enum import Enum, StrEnum
 from typing import Any, Final
 
 from contract.errors import BadRequest, Forbidden, Reason, Unavailable, UpstreamError, ValetkeyError
+from contract.errors import BadRequest, Forbidden, Reason, Unavailable, UpstreamError, ValetkeyError
+from contract.tasks import stop_task
 
 log = logging.getLogger("valetkey.gateway")
 
@@ -373,11 +375,8 @@ class PinnedResolver:
         return target
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         while True:

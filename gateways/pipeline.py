@@ -1,7 +1,7 @@
 """The gateway's request pipeline: one ordered list of small named steps, read top to bottom.
 
     check_request → refuse_passthrough → authenticate → authorize → refuse_credential_fields
-    → charge_budget → read_body → inject_secret → dial_and_stream
+    → hold_run_slot → charge_budget → read_body → inject_secret → dial_and_stream
     (audit always, in ``handle``)
 
 Each step reads and may fill fields of the ``Exchange``; a refusal is a ``ValetkeyError`` whose
@@ -77,6 +77,7 @@ class Exchange:
     upstream_headers: Headers = field(default_factory=list)
     upstream_query: bytes = b""
     response_started: bool = False
+    release_slot: Callable[[], None] | None = None
 
     @property
     def method(self) -> str:
@@ -149,7 +150,8 @@ async def _attribute(gw: Gateway, ex: Exchange) -> None:
 
 async def authenticate(gw: Gateway, ex: Exchange) -> None:
     """The run token from where the policy puts the credential, verified for this audience and a
-    live run. Fills claims. Reasons: missing_token, invalid_token, audience_mismatch."""
+    live run. Fills claims. Reasons: missing_token, invalid_token, audience_mismatch, token_revoked,
+    revocation_state_stale, jwks_stale, jwks_unavailable."""
     token = extract_placeholder(gw.upstream.injection, ex.headers, ex.query, gw.realm)
     try:
         ex.claims = await gw.verifier.verify(token)
@@ -274,6 +276,13 @@ async def dial_and_stream(gw: Gateway, ex: Exchange) -> None:
     ex.record.decision, ex.record.reason = "allow", Reason.OK.value
 
 
+async def hold_run_slot(gw: Gateway, ex: Exchange) -> None:
+    """One of the run's in-flight slots in this process, held until the response ends (released
+    in ``handle``). Fills release_slot. Reason: run_concurrency_exceeded (429, Retry-After)."""
+    if ex.claims is not None:
+        ex.release_slot = gw.slots.acquire(ex.claims.sub)
+
+
 async def charge_budget(gw: Gateway, ex: Exchange) -> None:
     """Take one request from the run's rate limit for this purpose and its totals at this
     upstream (atomic in Redis, shared by every replica). Reason: budget_exceeded (429)."""
@@ -349,6 +358,7 @@ STEPS: tuple[Callable[[Gateway, Exchange], Awaitable[None]], ...] = (
     authenticate,
     authorize,
     refuse_credential_fields,
+    hold_run_slot,
     charge_budget,
     read_body,
     inject_secret,
@@ -383,6 +393,8 @@ async def handle(gw: Gateway, ex: Exchange) -> None:
         if not ex.response_started:
             await send_error(ex, UpstreamError("internal gateway error", Reason.INTERNAL_ERROR))
     finally:
+        if ex.release_slot is not None:
+            ex.release_slot()
         ex.record.duration_ms = round((time.perf_counter() - ex.started) * 1000, 3)
         gw.audit.write(ex.record, ex.claims.exp if ex.claims else 0)
 

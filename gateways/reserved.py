@@ -3,7 +3,7 @@
 Everything here is reachable from the sandbox, so it serves only what the sandbox's tools need:
 
     GET  /.valetkey/healthz    the process is up
-    GET  /.valetkey/readyz     secret loaded, egress pinned, JWKS loaded, revocation state fresh
+    GET  /.valetkey/readyz     secret, egress, JWKS and revocation state all fresh
     GET  /.valetkey/info       what a client needs to use this gateway: the upstream's name and
                                origin (what the gateway stands in for), where the placeholder goes,
                                the sandbox's variable names. No secret, no dialled address, no
@@ -71,7 +71,7 @@ def info(gw: Gateway) -> dict[str, Any]:
 
 async def _readyz(gw: Gateway, send: Send) -> None:
     checks = {"secret": _ok(gw.secrets.current), "egress": _ok(gw.resolver.current),
-              "jwks": bool(gw.keys.kids), "revocations": gw.revocations.fresh}
+              "jwks": gw.keys.fresh, "revocations": gw.revocations.fresh}
     ok = all(checks.values())
     body = {"status": "ready" if ok else "not_ready", "upstream": gw.upstream.name, "checks": checks}
     await reply(send, 200 if ok else 503, json.dumps(body).encode())

@@ -25,6 +25,10 @@ from redis.exceptions import RedisError
 from contract.claims import AccessClaims
 from contract.errors import Reason, Unavailable, ValetkeyError
 from contract.revocations import CHANNEL, Revocation, RevocationSet, RevocationStore
+from contract.errors import Reason, Unavailable, ValetkeyError
+from contract.revocations import CHANNEL, Revocation, RevocationSet, RevocationStore
+from contract.tasks import stop_task
+from contract.claims import AccessClaims
 
 log = logging.getLogger("valetkey.gateway")
 START_TIMEOUT = 10.0
@@ -85,10 +89,8 @@ class RevocationWatcher:
             await self._ready.wait()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop_task(self._task)
+        self._task = None
 
     def _apply(self, record: Revocation) -> None:
         self.state.apply(record)

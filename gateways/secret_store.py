@@ -16,7 +16,6 @@ valid there again — the same role id and secret id restored, or a new secret i
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -24,6 +23,10 @@ from pathlib import Path
 
 from contract.errors import Reason, Unavailable, ValetkeyError
 from contract.secret import Secret
+from contract.vault import VaultClient
+from contract.errors import Reason, Unavailable, ValetkeyError
+from contract.secret import Secret
+from contract.tasks import stop_task
 from contract.vault import VaultClient
 from policies.model import SecretRef
 
@@ -106,10 +109,8 @@ class SecretStore:
         self._task = asyncio.create_task(self._run(), name=f"secret-refresh:{self._ref.path}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop_task(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         pause, failures = self._refresh, 0

@@ -12,6 +12,11 @@
 - Writes a response makes in one turn of the event loop leave in one ``send``: status line,
   headers, body and the chunked terminator of a small response are one segment, not three
   (each loopback ``send`` costs tens of microseconds; a stream's pieces still leave at once).
+- Connections are bounded: at most ``max_connections`` per process (one over the cap is answered
+  ``503 {"error": "connection_limit"}`` and closed at once, before anything is read); a request
+  head must arrive within ``header_timeout`` of the connection or of its first byte (else
+  ``408 request_head_timeout`` if it had begun, a silent close if nothing came); an idle
+  kept-alive connection closes after ``keepalive_timeout`` (uvicorn's own timer).
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from contract.errors import Reason
+from contract.errors import Reason
+from gateways.settings import GatewaySettings
 
 MAX_HEAD = 64 * 1024
 READ_SLACK = 256 * 1024  # one read may carry the end of a head and the start of a body
@@ -64,10 +71,21 @@ class CorkedWrites:
         return getattr(self._transport, name)
 
 
+_REFUSED = json.dumps({"error": Reason.CONNECTION_LIMIT.value,
+                       "detail": "too many connections to this gateway process; retry shortly"}).encode()
+REFUSED_RESPONSE = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+                    b"content-length: %d\r\nretry-after: 1\r\nconnection: close\r\n\r\n%b"
+                    % (len(_REFUSED), _REFUSED))
+
+
 class GatewayProtocol(HttpToolsProtocol):
+    max_connections = 4096  # per process; ``config`` puts the settings' values on the uvicorn Config
+    header_timeout = 10.0
     _since_body = 0  # bytes received since the message began or body bytes last arrived
     _seen = 0  # bytes of target and headers parsed so far
     _in_head = True
+    _head_timer: asyncio.TimerHandle | None = None
+    _began = False  # a byte of the current request has arrived
 
     def data_received(self, data: bytes) -> None:
         # bytes that are neither head nor body (chunk framing, trailers) since the last body
@@ -88,6 +106,9 @@ class GatewayProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head, self._seen = True, 0
+        self._began = True
+        if self._head_timer is None:  # a later request on a kept-alive connection: from its first byte
+            self._arm_head_timer()
 
     def on_url(self, url: bytes) -> None:
         super().on_url(url)
@@ -103,8 +124,51 @@ class GatewayProtocol(HttpToolsProtocol):
             raise HeadTooLarge(f"request head over {MAX_HEAD} bytes")
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        # plain attributes of the uvicorn Config: it is pickled into each --workers process
+        self.max_connections = getattr(self.config, "valetkey_max_connections", self.max_connections)
+        self.header_timeout = getattr(self.config, "valetkey_header_timeout", self.header_timeout)
+        if len(self.server_state.connections) >= self.max_connections:
+            # refused before anything is read or allocated: the descriptor is released at once
+            transport.write(REFUSED_RESPONSE)
+            transport.close()
+            self.transport, self.cycle = transport, None  # type: ignore[assignment]
+            return
         super().connection_made(transport)
         self._corked = CorkedWrites(transport)
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        if not hasattr(self, "_corked"):  # a refused connection: never registered
+            return
+        super().connection_lost(exc)
+
+    def _arm_head_timer(self) -> None:
+        self._cancel_head_timer()
+        self._head_timer = self.loop.call_later(self.header_timeout, self._head_timed_out)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            self._arm_head_timer()  # a pipelined head waits on our own response: not the client's fault
+            return
+        if not self._began:
+            self.transport.close()  # nothing arrived: nothing to answer
+            return
+        body = json.dumps({"error": Reason.REQUEST_HEAD_TIMEOUT.value,
+                           "detail": f"request head not received within {self.header_timeout:g}s"}).encode()
+        self._corked.flush()
+        self.transport.write(
+            b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%b" % (len(body), body))
+        self.transport.close()
 
     def on_response_complete(self) -> None:
         self._corked.flush()  # the last write of a response leaves now, not after the audit line
@@ -116,6 +180,7 @@ class GatewayProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head, self._since_body = False, 0
+        self._cancel_head_timer()
         target = self.url
         connect = self.parser.get_method() == b"CONNECT"
         origin_form = target.startswith(b"/") and not connect
@@ -135,6 +200,7 @@ class GatewayProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._in_head, self._since_body = True, 0
+        self._began = False
 
     def send_400_response(self, msg: str) -> None:
         body = json.dumps({"error": Reason.MALFORMED_REQUEST.value, "detail": msg}).encode()
@@ -146,12 +212,17 @@ class GatewayProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-def config(app: Any, host: str, port: int, log_level: str = "warning", workers: int = 1) -> uvicorn.Config:
-    return uvicorn.Config(
-        app, host=host, port=port, http=GatewayProtocol, loop="asyncio", log_level=log_level,
-        access_log=False, server_header=False, date_header=False, lifespan="on", workers=workers,
+def config(app: Any, settings: GatewaySettings, log_level: str = "warning",
+           workers: int = 1) -> uvicorn.Config:
+    cfg = uvicorn.Config(
+        app, host=settings.host, port=settings.port, http=GatewayProtocol, loop="asyncio",
+        log_level=log_level, access_log=False, server_header=False, date_header=False, lifespan="on",
+        workers=workers, timeout_keep_alive=settings.keepalive_timeout,
         proxy_headers=False,  # the client address is the sandbox's, never a header's claim
     )
+    cfg.valetkey_max_connections = settings.max_connections  # type: ignore[attr-defined]
+    cfg.valetkey_header_timeout = float(settings.header_timeout)  # type: ignore[attr-defined]
+    return cfg
 
 
 def from_env() -> Any:

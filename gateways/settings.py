@@ -37,6 +37,7 @@ class GatewaySettings:
     secret_refresh: int = 60
     secret_max_stale: int = 600
     jwks_max_age: int = 300
+    jwks_max_stale: int = 900
     connect_timeout: float = 5.0
     read_timeout: float = 120.0
     total_timeout: float = 900.0
@@ -52,6 +53,16 @@ class GatewaySettings:
     audit_maxlen: int = 100_000
     audit_buffer: int = 100_000  # audit lines held for the stream while Redis is unreachable
     approle_secret_id_file: str = ""  # read again at every AppRole login (a restored Vault)
+    redis_max_connections: int = 64  # one pool shared by budgets, audit, alerts and revocations
+    max_connections: int = 4096  # client connections per process; more are answered 503 and closed
+    header_timeout: int = 10  # a request head must arrive within this, from connect or its first byte
+    keepalive_timeout: int = 5  # an idle kept-alive client connection is closed after this
+    upstream_max_connections: int = 256  # per process
+
+    def __post_init__(self) -> None:
+        if self.jwks_max_stale < self.jwks_max_age:
+            raise SettingsError(f"VALETKEY_JWKS_MAX_STALE: {self.jwks_max_stale}s is shorter than "
+                                f"VALETKEY_JWKS_MAX_AGE ({self.jwks_max_age}s); make it at least as long")
 
     @classmethod
     def from_env(cls, upstream: str, env: Mapping[str, str] | None = None) -> GatewaySettings:
@@ -82,6 +93,7 @@ class GatewaySettings:
             secret_refresh=duration(env, "VALETKEY_SECRET_REFRESH", "60s"),
             secret_max_stale=duration(env, "VALETKEY_SECRET_MAX_STALE", "10m"),
             jwks_max_age=duration(env, "VALETKEY_JWKS_MAX_AGE", "5m"),
+            jwks_max_stale=duration(env, "VALETKEY_JWKS_MAX_STALE", "15m"),
             connect_timeout=float(duration(env, "VALETKEY_CONNECT_TIMEOUT", "5s")),
             read_timeout=float(duration(env, "VALETKEY_READ_TIMEOUT", "120s")),
             total_timeout=float(duration(env, "VALETKEY_TOTAL_TIMEOUT", "15m")),
@@ -99,6 +111,14 @@ class GatewaySettings:
             approle_secret_id_file=env.get("VALETKEY_VAULT_SECRET_ID_FILE", ""),
             audit_buffer=int_setting("VALETKEY_AUDIT_BUFFER", env.get("VALETKEY_AUDIT_BUFFER", "100000"),
                               0, 10_000_000),
+            redis_max_connections=int_setting("VALETKEY_REDIS_MAX_CONNECTIONS",
+                                       env.get("VALETKEY_REDIS_MAX_CONNECTIONS", "64"), 4, 10_000),
+            max_connections=int_setting("VALETKEY_MAX_CONNECTIONS", env.get("VALETKEY_MAX_CONNECTIONS", "4096"),
+                                 1, 1_000_000),
+            header_timeout=duration(env, "VALETKEY_HEADER_TIMEOUT", "10s"),
+            keepalive_timeout=duration(env, "VALETKEY_KEEPALIVE_TIMEOUT", "5s"),
+            upstream_max_connections=int_setting("VALETKEY_UPSTREAM_MAX_CONNECTIONS",
+                                          env.get("VALETKEY_UPSTREAM_MAX_CONNECTIONS", "256"), 1, 100_000),
         )
 
 

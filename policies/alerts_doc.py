@@ -19,33 +19,43 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from policies import units
-from policies.model import Alerting, AlertKind, RunLimits, Threshold
+from policies.model import DEFAULT_RUN_CONCURRENCY, Alerting, AlertKind, RunLimits, Threshold
 from policies.report import Report
 
 _KINDS = ", ".join(k.value for k in AlertKind)
+MAX_RUN_CONCURRENCY = 100_000
 
 
 def run_limits(value: Any, rule: str, r: Report) -> RunLimits | None:
     if not isinstance(value, dict):
-        r.add(rule, "expected a mapping", "write e.g. `run_limits: {requests: 500, bytes_out: 50MiB}`")
+        r.add(rule, "expected a mapping",
+              "write e.g. `run_limits: {requests: 500, bytes_out: 50MiB, concurrent: 16}`")
         return None
-    unknown = set(value) - {"requests", "bytes_out"}
+    unknown = set(value) - {"requests", "bytes_out", "concurrent"}
     if unknown:
-        r.add(rule, f"unknown keys {sorted(map(str, unknown))}", "use requests and bytes_out")
+        r.add(rule, f"unknown keys {sorted(map(str, unknown))}", "use requests, bytes_out and concurrent")
         return None
     requests = value.get("requests")
-    if requests is not None and (
-        not isinstance(requests, int) or isinstance(requests, bool) or requests < 1
-    ):
+    if requests is not None and not _whole(requests, 1):
         r.add(f"{rule} requests", f"{requests!r} is not a positive whole number",
               "write e.g. `requests: 500`")
+        return None
+    concurrent = value.get("concurrent", DEFAULT_RUN_CONCURRENCY)
+    if not _whole(concurrent, 1, MAX_RUN_CONCURRENCY):
+        r.add(f"{rule} concurrent", f"{concurrent!r} is not a whole number from 1 to {MAX_RUN_CONCURRENCY}",
+              f"write e.g. `concurrent: {DEFAULT_RUN_CONCURRENCY}` (requests of one run in flight at once)")
         return None
     try:
         bytes_out = units.parse_size(value["bytes_out"]) if "bytes_out" in value else None
     except ValueError as exc:
         r.add(f"{rule} bytes_out", str(exc), "write e.g. `bytes_out: 50MiB`")
         return None
-    return RunLimits(requests=requests, bytes_out=bytes_out)
+    return RunLimits(requests=requests, bytes_out=bytes_out, concurrent=concurrent)
+
+
+def _whole(value: Any, low: int, high: int | None = None) -> bool:
+    return (isinstance(value, int) and not isinstance(value, bool) and value >= low
+            and (high is None or value <= high))
 
 
 def alerts(doc: dict[str, Any], r: Report) -> Alerting | None:

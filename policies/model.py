@@ -78,12 +78,17 @@ class Limits:
     rate: Rate | None = None
 
 
+DEFAULT_RUN_CONCURRENCY = 64  # requests of one run in flight at once, per gateway process
+
+
 @dataclass(frozen=True)
 class RunLimits:
-    """Optional totals for one run at one upstream."""
+    """Optional totals for one run at one upstream, and how many of its requests may be in
+    flight at once in one gateway process (so one run cannot take every upstream connection)."""
 
     requests: int | None = None
     bytes_out: int | None = None
+    concurrent: int = DEFAULT_RUN_CONCURRENCY
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ def gateway_serve(upstream: str, workers: int, log_level: str) -> None:
     if workers > 1:
         # each worker process builds its own app from the environment (uvicorn's factory mode)
         os.environ["VALETKEY_GATEWAY_UPSTREAM"] = upstream
-        cfg = config("gateways.server:from_env", settings.host, settings.port, log_level, workers)
+        cfg = config("gateways.server:from_env", settings, log_level, workers)
         cfg.factory = True
         # uvicorn binds with proto=0, and asyncio then leaves Nagle on for accepted connections
         # (40 ms stalls on keep-alive); rewrap the socket as IPPROTO_TCP so TCP_NODELAY applies
@@ -60,13 +60,12 @@ def gateway_serve(upstream: str, workers: int, log_level: str) -> None:
             sys.exit(1)
         return
     app = GatewayApp(settings, policies.upstreams[upstream], alerting=policies.alerting)
-    server = uvicorn.Server(config(app, settings.host,
-                                   settings.port, log_level))
+    server = uvicorn.Server(config(app, settings, log_level))
     try:
         server.run()
-    except SystemExit as exc:  # uvicorn exits 3 when start-up fails; ours is 1 (docs/operations.md)
-        if exc.code == STARTUP_FAILURE:
-            sys.exit(1)
-        raise
+    except SystemExit:  # uvicorn's own code for a failed start-up is 3; ours is documented as 1
+        if server.started:
+            raise
     if not server.started:
+        click.echo(f"error: gateway did not start: {app.startup_error or 'see the log above'}", err=True)
         sys.exit(1)

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from contract.errors import Reason, UpstreamError
-from gateways.secret_forms import FOLD_RUN, PARTIAL_LENGTH, public_prefix
 from gateways.redact import MARKER, Redactor
+from gateways.secret_forms import FOLD_RUN, PARTIAL_LENGTH, public_prefix
 from gateways.sse import MAX_EVENT_BYTES, MAX_HELD_EVENTS, SseRedactor, body_stream
 from tests.support.leaks import HOSTILE, joined, revealed, split_events
 

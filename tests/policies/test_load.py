@@ -92,6 +92,8 @@ BROKEN_CASES = [
     pytest.param("rate-bad", f"{PURPOSE} limits rate", "expected a rate", id="rate-bad"),
     pytest.param("max-body-bad", f"{PURPOSE} limits max_body", "expected a size",
                  id="max-body-bad"),
+    pytest.param("run-limits-concurrent-zero", "upstream demo run_limits concurrent",
+                 "0 is not a whole number from 1 to 100000", id="run-limits-concurrent-zero"),
     pytest.param("inject-no-placement", "upstream demo inject", "no placement",
                  id="inject-no-placement"),
     pytest.param("header-format-without-secret", "upstream demo inject format",

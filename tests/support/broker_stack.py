@@ -49,10 +49,12 @@ class Broker:
         async with httpx.AsyncClient() as http:
             keys = KeyCache(http_fetcher(f"{self.url}/.well-known/jwks.json", http),
                             min_refresh_interval=kwargs.pop("min_refresh_interval", 5.0))
+            await keys.start()
             try:
                 yield TokenVerifier(issuer=ISSUER, audience=audience, keys=keys,
                                     run_check=RunRegistry(redis).require_live, **kwargs)
             finally:
+                await keys.stop()
                 await redis.aclose()
 
 
