@@ -30,8 +30,6 @@ from joserfc.errors import JoseError
 from joserfc.jwk import OKPKey
 
 from contract.errors import Reason, Unavailable
-from contract.vault import TransitKey
-from contract.errors import Reason, Unavailable
 from contract.tasks import stop_task
 from contract.vault import TransitKey
 

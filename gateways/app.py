@@ -26,13 +26,7 @@ from contract.jwks import KeyCache, http_fetcher
 from contract.secret import Secret
 from contract.vault import VaultClient
 from contract.verify import TokenVerifier
-from gateways import reserved
-from contract.jwks import KeyCache, http_fetcher
-from contract.secret import Secret
-from contract.vault import VaultClient
-from contract.verify import TokenVerifier
 from gateways import overload, reserved
-from gateways.detectors import Detectors, WebhookSender
 from gateways.audit import AuditSink, Metrics
 from gateways.budget import Budgets
 from gateways.credential_scan import CredentialScanner
@@ -40,8 +34,6 @@ from gateways.detectors import Detectors, WebhookSender
 from gateways.egress import PinnedResolver, Resolver
 from gateways.pipeline import Receive, Send, handle, new_exchange
 from gateways.redact import Redactor
-from gateways.revocation_watcher import RevocationWatcher
-from gateways.secret_store import SecretStore
 from gateways.revocation_watcher import RevocationWatcher
 from gateways.runslots import RunSlots
 from gateways.secret_store import SecretStore

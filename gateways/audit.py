@@ -26,7 +26,6 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from redis.exceptions import RedisError
 
 from contract.errors import ValetkeyError
-from contract.errors import ValetkeyError
 from contract.tasks import stop_task
 
 log = logging.getLogger("valetkey.audit")

@@ -30,10 +30,6 @@ from contract.env import SettingsError
 from contract.revocation_events import revoke_and_record
 from contract.revocations import Scope, new_revocation
 from contract.secret import Secret
-from contract import audit_stream
-from contract.revocations import RevocationStore, Scope, new_revocation
-from contract.secret import Secret
-from contract.env import SettingsError
 from contract.tasks import stop_task
 from gateways.audit import AuditRecord
 from policies.model import Alerting, AlertKind

@@ -34,7 +34,6 @@ from enum import Enum, StrEnum
 from typing import Any, Final
 
 from contract.errors import BadRequest, Forbidden, Reason, Unavailable, UpstreamError, ValetkeyError
-from contract.errors import BadRequest, Forbidden, Reason, Unavailable, UpstreamError, ValetkeyError
 from contract.tasks import stop_task
 
 log = logging.getLogger("valetkey.gateway")

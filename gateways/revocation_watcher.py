@@ -25,10 +25,7 @@ from redis.exceptions import RedisError
 from contract.claims import AccessClaims
 from contract.errors import Reason, Unavailable, ValetkeyError
 from contract.revocations import CHANNEL, Revocation, RevocationSet, RevocationStore
-from contract.errors import Reason, Unavailable, ValetkeyError
-from contract.revocations import CHANNEL, Revocation, RevocationSet, RevocationStore
 from contract.tasks import stop_task
-from contract.claims import AccessClaims
 
 log = logging.getLogger("valetkey.gateway")
 START_TIMEOUT = 10.0

@@ -23,9 +23,6 @@ from pathlib import Path
 
 from contract.errors import Reason, Unavailable, ValetkeyError
 from contract.secret import Secret
-from contract.vault import VaultClient
-from contract.errors import Reason, Unavailable, ValetkeyError
-from contract.secret import Secret
 from contract.tasks import stop_task
 from contract.vault import VaultClient
 from policies.model import SecretRef

@@ -29,7 +29,6 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from contract.errors import Reason
-from contract.errors import Reason
 from gateways.settings import GatewaySettings
 
 MAX_HEAD = 64 * 1024

@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from valetkey.dev.services import free_port
 from tests.support.gateway_stack import ISSUER, Stack
+from valetkey.dev.services import free_port
 
 VALETKEY = str(Path(sys.executable).parent / "valetkey")
 ITEM = {"upstream": "echo", "purpose": "read_items"}

@@ -262,7 +262,7 @@ def test_sse_is_forwarded_event_by_event(gateway_stack: Stack, echo: httpx.Clien
                 received.append(line[6:])
                 if len(received) <= 3:
                     upstream.sse_gate.release()  # lets the upstream emit the next event
-    assert received == ["event 0", "event 1", "event 2", "event 3", "[DONE]"]
+    assert received == ["event 0.", "event 1.", "event 2.", "event 3.", "[DONE]"]
 
 
 def test_upstream_timeout_is_504(echo: httpx.Client) -> None:

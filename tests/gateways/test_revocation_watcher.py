@@ -210,7 +210,7 @@ def test_sse_stream_of_revoked_run_is_cut(fleet: Fleet) -> None:
 
     reader = threading.Thread(target=consume)
     reader.start()
-    eventually(lambda: received == ["event 0"])
+    eventually(lambda: received == ["event 0."])
     started = time.monotonic()
     fleet.admin("POST", "/v1/revocations", json={"scope": "run", "name": bundle["run_id"], "reason": "cut"})
     reader.join(timeout=10)

@@ -21,13 +21,13 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from valetkey.dev.services import RedisServer, free_port
 from gateways.app import GatewayApp
 from gateways.revocation_watcher import RevocationWatcher
 from gateways.server import GatewayProtocol
 from tests.support.gateway_stack import ISSUER, Stack, gateway_settings, start_gateway
 from tests.support.hangserver import HangableServer
 from tests.support.servers import ThreadedServer
+from valetkey.dev.services import RedisServer, free_port
 
 VALETKEY = str(Path(sys.executable).parent / "valetkey")
 ITEM = {"upstream": "echo", "purpose": "read_items"}
