@@ -37,7 +37,7 @@ from broker.services import Services, authenticate, event, services
 from broker.settings import BrokerSettings
 from contract import audit_stream
 from contract.claims import AccessClaims
-from contract.errors import Forbidden, NotFound, Reason, ValetkeyError
+from contract.errors import Forbidden, NotFound, Reason, ValetkeyError, render
 from contract.jwks import jwks_from_transit
 from policies.model import PolicySet
 
@@ -133,7 +133,7 @@ async def on_valetkey_error(request: Request, exc: Exception) -> Response:
         raise exc
     event("refused", path=request.url.path, method=request.method, error=exc.code,
           status=exc.status)
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+    return error_response(exc)
 
 
 def allowed_methods(request: Request) -> str:
@@ -148,14 +148,22 @@ def allowed_methods(request: Request) -> str:
 async def on_http_error(request: Request, exc: Exception) -> Response:
     status = exc.status_code if isinstance(exc, HTTPException) else 500
     code = {404: Reason.NOT_FOUND, 405: Reason.METHOD_NOT_ALLOWED}.get(status, Reason.INVALID_REQUEST)
-    headers = {"Allow": allowed_methods(request)} if status == 405 else None  # RFC 9110 15.5.6
-    return JSONResponse({"error": code.value, "detail": f"HTTP {status}"}, status_code=status,
-                        headers=headers)
+    refusal = ValetkeyError(f"HTTP {status}", code)
+    refusal.status = status  # type: ignore[misc]  # Starlette's own status, rendered our way
+    if status == 405:
+        refusal.headers["Allow"] = allowed_methods(request)  # RFC 9110 15.5.6
+    return error_response(refusal)
 
 
 async def on_unexpected(request: Request, exc: Exception) -> Response:
     log.error("internal error on %s %s: %s", request.method, request.url.path, type(exc).__name__)
-    return JSONResponse({"error": "internal_error", "detail": "internal error"}, status_code=500)
+    return error_response(ValetkeyError("internal error", Reason.INTERNAL_ERROR))
+
+
+def error_response(exc: ValetkeyError) -> Response:
+    """Every refusal the broker sends, rendered by the one renderer gateways use too."""
+    status, headers, body = render(exc)
+    return Response(body, status_code=status, headers={k.decode(): v.decode() for k, v in headers})
 
 
 def create_app(settings: BrokerSettings, policies: PolicySet | None = None) -> Starlette:

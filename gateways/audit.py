@@ -25,7 +25,7 @@ import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from redis.exceptions import RedisError
 
-from contract.errors import ValetkeyError
+from contract.errors import Decision, ValetkeyError
 from contract.tasks import stop_task
 
 log = logging.getLogger("valetkey.audit")
@@ -61,7 +61,7 @@ class AuditRecord:
     run: str = ""
     runtime: str = ""
     purpose: str = ""
-    decision: str = "deny"
+    decision: Decision = Decision.DENY
     reason: str = ""
     status: int = 0
     bytes_in: int = 0

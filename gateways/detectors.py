@@ -27,6 +27,7 @@ import redis.asyncio as aioredis
 
 from contract import audit_stream
 from contract.env import SettingsError
+from contract.errors import Decision
 from contract.revocation_events import revoke_and_record
 from contract.revocations import Scope, new_revocation
 from contract.secret import Secret
@@ -158,7 +159,7 @@ class Detectors:
     def _candidates(self, record: AuditRecord) -> list[tuple[AlertKind, str]]:
         """(detector, member to count) for this decision."""
         found: list[tuple[AlertKind, str]] = []
-        if record.decision == "deny" and record.reason not in NOT_A_DENIAL_SIGNAL:
+        if record.decision is Decision.DENY and record.reason not in NOT_A_DENIAL_SIGNAL:
             found.append((AlertKind.DENIAL_BURST, record.request_id))
             if record.reason in PROBE_REASONS:
                 found.append((AlertKind.PROBING, f"{record.method} {record.path}"))

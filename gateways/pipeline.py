@@ -12,18 +12,15 @@ sent upstream before ``dial``, so a refused request never opens an upstream conn
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import unquote_to_bytes
 
-from contract.claims import AccessClaims
 from contract.errors import (
     BadRequest,
+    Decision,
     Forbidden,
     GatewayTimeout,
     MethodNotAllowed,
@@ -32,24 +29,18 @@ from contract.errors import (
     TokenInvalid,
     UpstreamError,
     ValetkeyError,
+    render,
 )
-from gateways.audit import AuditRecord, masked_path
 from gateways.credential_scan import Finding, media_type
-from gateways.credentials import Headers, extract_placeholder, forwarded_headers, inject
-from gateways.encodings import BodyDecoder, body_decoder
+from gateways.credentials import extract_placeholder, forwarded_headers, inject
+from gateways.exchange import Exchange
 from gateways.fields import FieldRules, find_in_body, find_in_query
-from gateways.paths import CanonicalPath, canonical_path
-from gateways.sse import SseRedactor, body_stream
-from gateways.upstream import response_headers
-from policies.model import Placement, Purpose
+from gateways.paths import canonical_path
+from gateways.streaming import exchange
+from policies.model import Placement
 
 if TYPE_CHECKING:
-    from gateways.app import Gateway
-    from gateways.http1 import Response
-    from gateways.redact import Redactor, StreamRedactor
-
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+    from gateways.gateway import Gateway
 
 log = logging.getLogger("valetkey.gateway")
 REFUSED_METHODS = frozenset({"TRACE", "TRACK", "CONNECT", "DEBUG"})
@@ -57,44 +48,6 @@ SCANNED_TYPES = ("application/json", "application/x-www-form-urlencoded", "multi
                  "text/plain")
 SCAN_ANY_BELOW = 1024 * 1024  # bodies this small are buffered and scanned whatever their type
 FIELDS_INLINE_BELOW = 64 * 1024  # larger bodies have their field names walked in a thread
-
-
-@dataclass
-class Exchange:
-    """One request's state as it moves through the steps."""
-
-    scope: dict[str, Any]
-    receive: Receive
-    send: Send
-    record: AuditRecord
-    headers: Headers
-    query: bytes
-    started: float = field(default_factory=time.perf_counter)
-    path: CanonicalPath | None = None
-    claims: AccessClaims | None = None
-    purpose: Purpose | None = None
-    body: bytes | AsyncIterator[bytes] = b""
-    upstream_headers: Headers = field(default_factory=list)
-    upstream_query: bytes = b""
-    response_started: bool = False
-    release_slot: Callable[[], None] | None = None
-
-    @property
-    def method(self) -> str:
-        return str(self.scope["method"])
-
-    def header(self, name: bytes) -> list[bytes]:
-        return [v for k, v in self.headers if k == name]
-
-
-def new_exchange(scope: dict[str, Any], receive: Receive, send: Send, upstream: str) -> Exchange:
-    query = bytes(scope.get("query_string", b""))
-    raw_path = bytes(scope.get("raw_path") or scope["path"].encode())
-    record = AuditRecord(
-        request_id=os.urandom(16).hex(), upstream=upstream, method=str(scope["method"])[:16],
-        path=masked_path(raw_path.decode("latin-1")[:512], query),
-    )
-    return Exchange(scope, receive, send, record, list(scope["headers"]), query)
 
 
 async def check_request(gw: Gateway, ex: Exchange) -> None:
@@ -197,6 +150,20 @@ def _refuse_field(ex: Exchange, finding: Finding) -> None:
                     "only hold placeholders", Reason.CREDENTIAL_PASSTHROUGH)
 
 
+async def hold_run_slot(gw: Gateway, ex: Exchange) -> None:
+    """One of the run's in-flight slots in this process, held until the response ends (released
+    in ``handle``). Fills release_slot. Reason: run_concurrency_exceeded (429, Retry-After)."""
+    if ex.claims is not None:
+        ex.release_slot = gw.slots.acquire(ex.claims.sub)
+
+
+async def charge_budget(gw: Gateway, ex: Exchange) -> None:
+    """Take one request from the run's rate limit for this purpose and its totals at this
+    upstream (atomic in Redis, shared by every replica). Reason: budget_exceeded (429)."""
+    if ex.claims is not None and ex.purpose is not None:
+        await gw.budgets.charge(ex.claims, ex.purpose, time.time())
+
+
 async def read_body(gw: Gateway, ex: Exchange) -> None:
     """Enforce the purpose's body limit; buffer and scan JSON, form and small bodies for
     credentials (by shape, then by field name), stream the rest. Fills body.
@@ -266,90 +233,14 @@ async def dial_and_stream(gw: Gateway, ex: Exchange) -> None:
     untrack = gw.revocations.track(ex.claims) if ex.claims else (lambda: None)
     try:
         async with asyncio.timeout(gw.settings.total_timeout):
-            await _exchange(gw, ex, target.address, raw_target)
+            await exchange(gw, ex, target.address, raw_target)
     except TimeoutError:
         raise GatewayTimeout("the exchange exceeded the total time limit", Reason.UPSTREAM_TIMEOUT) from None
     finally:
         untrack()
         if ex.claims is not None and ex.record.bytes_out:
             await gw.budgets.add_bytes(ex.claims, ex.record.bytes_out, time.time())
-    ex.record.decision, ex.record.reason = "allow", Reason.OK.value
-
-
-async def hold_run_slot(gw: Gateway, ex: Exchange) -> None:
-    """One of the run's in-flight slots in this process, held until the response ends (released
-    in ``handle``). Fills release_slot. Reason: run_concurrency_exceeded (429, Retry-After)."""
-    if ex.claims is not None:
-        ex.release_slot = gw.slots.acquire(ex.claims.sub)
-
-
-async def charge_budget(gw: Gateway, ex: Exchange) -> None:
-    """Take one request from the run's rate limit for this purpose and its totals at this
-    upstream (atomic in Redis, shared by every replica). Reason: budget_exceeded (429)."""
-    if ex.claims is not None and ex.purpose is not None:
-        await gw.budgets.charge(ex.claims, ex.purpose, time.time())
-
-
-async def _exchange(gw: Gateway, ex: Exchange, address: str, raw_target: bytes) -> None:
-    """Send the request, then stream the response back redacted: every header value, and the body
-    chunk by chunk (decoded first if the upstream compressed it although asked for identity).
-    A body that does not decode is refused before any byte is sent, or cut where it stops decoding.
-    Reasons: undecodable_response, decompression_bomb, sse_event_too_large, upstream_timeout,
-    upstream_protocol_error."""
-    response = await gw.client.open(ex.method, address, raw_target, ex.upstream_headers, ex.body)
-    header_redactions = 0
-    stream: SseRedactor | StreamRedactor | None = None
-    try:
-        redactor = await _current_redactor(gw)
-        stream = body_stream(redactor, response.headers)  # SSE: redacted as the client joins it
-        decoder = body_decoder(v for k, v in response.headers if k.lower() == b"content-encoding")
-        body = _decoded_body(response, decoder)
-        first = await anext(body, b"") if decoder else b""
-        headers = response_headers(response.headers, gw.upstream)
-        # one search over all values joined (an occurrence in any value is one in the joined text);
-        # value by value only when it finds something
-        if redactor.spans(b"\n".join(value for _, value in headers)):
-            redacted = [(name, *redactor.redact(value)) for name, value in headers]
-            headers = [(name, clean) for name, clean, _ in redacted]
-            header_redactions = sum(count for _, _, count in redacted)
-        headers.append((b"x-valetkey-request-id", ex.record.request_id.encode()))
-        ex.record.status = response.status
-        await ex.send({"type": "http.response.start", "status": response.status, "headers": headers})
-        ex.response_started = True
-        await _send_body(ex, stream.feed(first))
-        async for piece in body:
-            await _send_body(ex, stream.feed(piece))
-        await _send_body(ex, stream.finish(), more=False)
-    finally:
-        ex.record.redactions = header_redactions + (stream.count if stream else 0)
-        await response.aclose()
-
-
-async def _current_redactor(gw: Gateway) -> Redactor:
-    """The first build after start-up or a rotation compiles the secret's patterns (a few hundred
-    ms of regex compilation): it runs in a thread so the event loop keeps serving."""
-    if gw.redactor_is_current():
-        return gw.redactor()
-    return await asyncio.to_thread(gw.redactor)
-
-
-async def _decoded_body(response: Response, decoder: BodyDecoder) -> AsyncIterator[bytes]:
-    """The body as the sandbox will read it (upstream errors arrive as gateway errors)."""
-    async for chunk in response.iter_body():
-        if not decoder:
-            yield chunk
-            continue
-        for piece in decoder.feed(chunk):
-            yield piece
-    if decoder:
-        for piece in decoder.finish():
-            yield piece
-
-
-async def _send_body(ex: Exchange, data: bytes, more: bool = True) -> None:
-    if data or not more:
-        ex.record.bytes_out += len(data)
-        await ex.send({"type": "http.response.body", "body": data, "more_body": more})
+    ex.record.decision, ex.record.reason = Decision.ALLOW, Reason.OK.value
 
 
 STEPS: tuple[Callable[[Gateway, Exchange], Awaitable[None]], ...] = (
@@ -372,7 +263,7 @@ async def handle(gw: Gateway, ex: Exchange) -> None:
         for step in STEPS:
             await step(gw, ex)
     except ValetkeyError as exc:
-        ex.record.decision = "deny" if exc.status < 500 else "error"
+        ex.record.decision = Decision.of(exc)
         ex.record.reason = exc.code
         if not ex.response_started:
             await send_error(ex, exc)
@@ -382,12 +273,12 @@ async def handle(gw: Gateway, ex: Exchange) -> None:
         if not str(cancel.args[0] if cancel.args else "").startswith("revoked") or task is None:
             raise
         task.uncancel()
-        ex.record.decision, ex.record.reason = "deny", Reason.TOKEN_REVOKED.value
+        ex.record.decision, ex.record.reason = Decision.DENY, Reason.TOKEN_REVOKED.value
         if not ex.response_started:
             await send_error(ex, TokenInvalid("token revoked while the request was in flight",
                                               check="revoked", reason=Reason.TOKEN_REVOKED))
     except Exception as exc:  # a bug: answer without details, record it, keep serving
-        ex.record.decision, ex.record.reason = "error", "internal_error"
+        ex.record.decision, ex.record.reason = Decision.ERROR, Reason.INTERNAL_ERROR.value
         log.error('{"event":"internal_error","request_id":"%s","type":"%s"}',
                   ex.record.request_id, type(exc).__name__)
         if not ex.response_started:
@@ -400,11 +291,8 @@ async def handle(gw: Gateway, ex: Exchange) -> None:
 
 
 async def send_error(ex: Exchange, exc: ValetkeyError) -> None:
-    status = exc.status
-    body = json.dumps({**exc.body(), "request_id": ex.record.request_id}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-               (b"x-valetkey-request-id", ex.record.request_id.encode()), (b"cache-control", b"no-store")]
-    headers += [(k.encode(), v.encode()) for k, v in exc.headers.items()]
+    status, headers, body = render(exc, request_id=ex.record.request_id)
+    headers.append((b"x-valetkey-request-id", ex.record.request_id.encode()))
     ex.record.status = status
     await ex.send({"type": "http.response.start", "status": status, "headers": headers})
     await ex.send({"type": "http.response.body", "body": body, "more_body": False})

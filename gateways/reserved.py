@@ -27,8 +27,8 @@ from contract.revocations import Scope, new_revocation
 from gateways.credentials import extract_placeholder
 
 if TYPE_CHECKING:
-    from gateways.app import Gateway
-    from gateways.pipeline import Receive, Send
+    from gateways.exchange import Receive, Send
+    from gateways.gateway import Gateway
 
 PREFIX = "/.valetkey/"
 

@@ -1,0 +1,181 @@
+"""One gateway's state: everything its pipeline uses, built once and started at start-up.
+
+``start`` logs in to Vault and reads the secret, resolves and pins the upstream address, loads
+the JWKS from the broker: a gateway that cannot do all three does not start. After that the
+request path touches only memory and Redis (run state, through one bounded pool); Vault, the
+JWKS and the upstream address are refreshed in the background.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import redis.asyncio as aioredis
+from prometheus_client import start_http_server
+
+from contract.jwks import KeyCache, http_fetcher
+from contract.secret import Secret
+from contract.vault import VaultClient
+from contract.verify import TokenVerifier
+from gateways import overload
+from gateways.audit import AuditSink, Metrics
+from gateways.budget import Budgets
+from gateways.credential_scan import CredentialScanner
+from gateways.detectors import Detectors, WebhookSender
+from gateways.egress import PinnedResolver, Resolver
+from gateways.redact import Redactor
+from gateways.revocation_watcher import RevocationWatcher
+from gateways.runslots import RunSlots
+from gateways.secret_store import SecretStore
+from gateways.settings import GatewaySettings
+from gateways.upstream import UpstreamClient
+from policies.model import Alerting, Injection, Placement, Upstream
+
+REDIS_POOL_WAIT = 2.0  # seconds a request waits for a free Redis connection before redis_unavailable
+
+# httpx logs each request URL at INFO and httpcore more at DEBUG; a webhook URL can itself be a
+# credential (Slack-style), so these loggers never go below WARNING in a valetkey process.
+for _name in ("httpx", "httpcore"):
+    logging.getLogger(_name).setLevel(logging.WARNING)
+
+
+def injected_forms(injection: Injection, secret: bytes) -> list[bytes]:
+    """What the injection itself put on the wire (e.g. ``Bearer <secret>``, the Basic value)."""
+    import base64
+
+    if injection.placement is Placement.HEADER:
+        return [injection.format.replace("{secret}", secret.decode("latin-1")).encode("latin-1")]
+    if injection.placement is Placement.BASIC:
+        return [base64.b64encode(injection.username.encode() + b":" + secret)]
+    return []
+
+
+@dataclass
+class Gateway:
+    settings: GatewaySettings
+    upstream: Upstream
+    vault: VaultClient
+    redis: aioredis.Redis
+    secrets: SecretStore
+    resolver: PinnedResolver
+    keys: KeyCache
+    verifier: TokenVerifier
+    client: UpstreamClient
+    audit: AuditSink
+    metrics: Metrics
+    http: httpx.AsyncClient
+    revocations: RevocationWatcher
+    budgets: Budgets
+    slots: RunSlots
+    detectors: Detectors
+    webhook: WebhookSender
+    _scanner: tuple[int, CredentialScanner] | None = field(default=None, repr=False)
+    _metrics_server: tuple[Any, Any] | None = field(default=None, repr=False)
+    _redactor: tuple[int, Redactor] | None = field(default=None, repr=False)
+    loop_errors: overload.QuietErrors | None = field(default=None, repr=False)
+
+    @property
+    def realm(self) -> str:
+        return f"valetkey {self.upstream.name}"
+
+    def scanner(self) -> CredentialScanner:
+        """Provider patterns plus the real secrets held (rebuilt only when they rotate)."""
+        if self._scanner is None or self._scanner[0] != self.secrets.version:
+            self._scanner = (self.secrets.version, CredentialScanner(extra_exact=self.secrets.all_values()))
+        return self._scanner[1]
+
+    def redactor_is_current(self) -> bool:
+        return self._redactor is not None and self._redactor[0] == self.secrets.version
+
+    def redactor(self) -> Redactor:
+        """Every form of every secret held (current and recently rotated out) plus what the
+        injection itself put on the wire; rebuilt only when the secrets change."""
+        current = self._redactor
+        if current is None or current[0] != self.secrets.version:
+            values = [s.reveal().encode() for s in self.secrets.all_values()]
+            extra = [f for v in values for f in injected_forms(self.upstream.injection, v)]
+            current = self._redactor = (self.secrets.version, Redactor(values, extra))
+        return current[1]
+
+    @classmethod
+    def build(cls, settings: GatewaySettings, upstream: Upstream, resolver: Resolver | None = None,
+              alerting: Alerting | None = None) -> Gateway:
+        vault = VaultClient(settings.vault_addr, settings.vault_token or Secret(""))
+        # one pool for budgets, audit, alerts and revocations, sized on purpose: a request waits
+        # up to REDIS_POOL_WAIT for a free connection rather than failing at redis-py's cap
+        redis = aioredis.Redis.from_pool(aioredis.BlockingConnectionPool.from_url(
+            settings.redis_url, max_connections=settings.redis_max_connections, timeout=REDIS_POOL_WAIT,
+            socket_timeout=2.0))
+        broker_tls: ssl.SSLContext | bool = (
+            ssl.create_default_context(cafile=settings.broker_ca_file) if settings.broker_ca_file else True
+        )
+        http = httpx.AsyncClient(timeout=5.0, trust_env=False, verify=broker_tls)
+        keys = KeyCache(http_fetcher(f"{settings.broker_url}/.well-known/jwks.json", http),
+                        max_age=settings.jwks_max_age, max_stale=settings.jwks_max_stale)
+        metrics = Metrics()
+        policy = alerting or Alerting()
+        revocations = RevocationWatcher(redis, max_stale=settings.revocation_max_stale)
+        # webhooks go to the on-call receiver: public CAs, not the broker's private CA
+        webhook_url = settings.alert_webhook_url or policy.webhook_url
+        webhook = WebhookSender(webhook_url, settings.alert_webhook_secret,
+                                httpx.AsyncClient(timeout=5.0, trust_env=False))
+        audit = AuditSink(redis, settings.audit_stream, settings.audit_maxlen, metrics,
+                          settings.audit_buffer)
+        detectors = Detectors(redis, policy, webhook, settings.audit_maxlen)
+        audit.observer = detectors.observe
+        return cls(
+            settings=settings, upstream=upstream, vault=vault, redis=redis,
+            secrets=SecretStore(vault, upstream.secret, role_id=settings.approle_role_id,
+                                secret_id=settings.approle_secret_id,
+                                secret_id_file=settings.approle_secret_id_file,
+                                refresh=settings.secret_refresh,
+                                max_stale=settings.secret_max_stale),
+            resolver=PinnedResolver(upstream.host, upstream.port, upstream.allow_private,
+                                    resolver=resolver),
+            keys=keys,
+            verifier=TokenVerifier(issuer=settings.issuer, audience=upstream.name, keys=keys,
+                                   run_check=revocations.run_check, leeway=settings.token_leeway),
+            client=UpstreamClient(upstream, connect=settings.connect_timeout, read=settings.read_timeout,
+                                  max_connections=settings.upstream_max_connections,
+                                  ca_file=settings.upstream_ca_file),
+            audit=audit, metrics=metrics, http=http, revocations=revocations,
+            budgets=Budgets(redis, upstream), slots=RunSlots(upstream.run_limits.concurrent),
+            detectors=detectors, webhook=webhook,
+        )
+
+    async def start(self) -> None:
+        settings = self.settings
+        self.loop_errors = overload.install(asyncio.get_running_loop(), overload.needed_fds(
+            settings.max_connections, settings.upstream_max_connections, settings.redis_max_connections))
+        await self.revocations.start()
+        await self.webhook.start()
+        await self.secrets.start()
+        await asyncio.to_thread(self.redactor)  # compile the forms now, not on the first request
+        await self.resolver.start()
+        await self.keys.start()
+        await self.audit.start()
+        if self.settings.metrics_listen is not None:
+            host, port = self.settings.metrics_listen
+            self._metrics_server = start_http_server(port, addr=host, registry=self.metrics.registry)
+
+    async def stop(self) -> None:
+        if self._metrics_server is not None:
+            server, thread = self._metrics_server
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=5)
+        await self.audit.stop()
+        await self.webhook.stop()
+        await self.revocations.stop()
+        await self.secrets.stop()
+        await self.resolver.stop()
+        await self.keys.stop()
+        await self.client.aclose()
+        await self.http.aclose()
+        await self.vault.aclose()
+        await self.redis.aclose()
