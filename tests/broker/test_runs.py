@@ -143,7 +143,7 @@ def test_declared_oversize_is_refused_before_reading(broker: Broker) -> None:
         while "body_too_large" not in answer and (chunk := sock.recv(65536)):
             answer += chunk.decode()
     assert answer.startswith("HTTP/1.1 413")
-    assert '"error":"body_too_large"' in answer
+    assert '"error": "body_too_large"' in answer
 
 
 CALLER_REFUSALS = [
