@@ -7,12 +7,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.support.devstack import output_until_ready
 from valetkey.dev.services import free_port
 
 pytestmark = pytest.mark.slow
@@ -33,24 +33,14 @@ def _dev(tmp_path: Path, *ports: int, extra: tuple[str, ...] = ()) -> subprocess
 def test_dev_stack_up_demo_and_clean_stop(tmp_path: Path) -> None:
     ports = (free_port(), free_port(), free_port())
     proc = _dev(tmp_path, *ports)
-    assert proc.stdout is not None
-    lines: list[str] = []
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if "Ctrl-C to stop" in line:
-            break
-    text = "".join(lines)
+    text = output_until_ready(proc, 60)
     try:
         assert "Ctrl-C to stop" in text, text
         assert "demo run run_" in text
         assert "OPENAI_API_KEY=" in text
         assert "Try it, in another shell:" in text
         assert "GITHUB_TOKEN=" in text
-        commands = [line.strip().split("   #")[0].strip() for line in lines
+        commands = [line.strip().split("   #")[0].strip() for line in text.splitlines()
                      if line.strip().startswith(("set -a", "curl "))]
         assert len(commands) == 4, text
         source, inject, echo, passthrough = commands

@@ -26,6 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.devstack import output_until_ready
 from valetkey.dev.services import free_port
 
 pytestmark = pytest.mark.slow
@@ -99,17 +100,7 @@ def test_own_upstream_walkthrough(tmp_path: Path, inventory: int) -> None:
          "--redis-port", ports[1], "--broker-port", ports[2], "--gateway-port", "0"],
         cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
-    assert proc.stdout is not None
-    lines: list[str] = []
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if "Ctrl-C to stop" in line:
-            break
-    text = "".join(lines)
+    text = output_until_ready(proc, 90)
     try:
         assert "Ctrl-C to stop" in text, text
         assert "PLACEHOLDER secrets in Vault for: inventory" in text
