@@ -102,9 +102,10 @@ def _via_broker(client: httpx.Client, source: str, method: str, path: str,
               help="write to Redis directly, without the broker or Vault (see docs/operations.md)")
 @click.option("--redis", "redis_url", envvar="VALETKEY_REDIS_URL", default="",
               help="with --break-glass: the Redis that holds the revocations [$VALETKEY_REDIS_URL]")
+@JSON_OPTION
 def revoke_command(broker: str, run_id: str | None, runtime: str | None, upstream: str | None,
                    everything: bool, reason: str, lift: bool, no_wait: bool, break_glass: bool,
-                   redis_url: str) -> None:
+                   redis_url: str, as_json: bool) -> None:
     """Revoke a run, a runtime, an upstream or everything (or --lift one).
 
     Retries until the broker has recorded it (a 503 or an unreachable broker records nothing),
@@ -123,8 +124,9 @@ def revoke_command(broker: str, run_id: str | None, runtime: str | None, upstrea
             fail("--break-glass needs --redis URL (or VALETKEY_REDIS_URL)")
         revocation = until_recorded(lambda: _break_glass(redis_url, Scope(scope), name, why, lift), what,
                                     wait=not no_wait)
-        record = {"when": revocation.when, "who": revocation.who, "why": revocation.why,
-                  "lifted_by": revocation.lifted_by}
+        record = {"scope": revocation.scope.value, "name": revocation.name, "when": revocation.when,
+                  "who": revocation.who, "why": revocation.why, "lifted_by": revocation.lifted_by,
+                  "recorded": True, "break_glass": True}
     else:
         source = broker_url(broker)[1]
         with broker_client(broker) as client:
@@ -136,11 +138,14 @@ def revoke_command(broker: str, run_id: str | None, runtime: str | None, upstrea
                 record = until_recorded(_via_broker(client, source, "POST", "/v1/revocations", body), what,
                                         wait=not no_wait)
                 unknown_run = scope == "run" and client.get(f"/v1/runs/{name}").status_code == 404
-    if lift:
+    if as_json:
+        click.echo(json.dumps({**record, "unknown_run": unknown_run}, indent=2))
+    elif lift:
         click.echo(f"lifted {scope} {name}".rstrip() + f" (by {record['lifted_by']})")
         return
-    click.echo(f"revoked {scope} {name}".rstrip() + f" at {_when(record['when'])} by {record['who']}: "
-               f"{record['why']}")
+    else:
+        click.echo(f"revoked {scope} {name}".rstrip() + f" at {_when(record['when'])} by {record['who']}: "
+                   f"{record['why']}")
     if unknown_run:
         click.echo(f"warning: the broker has no run {name!r} (never created, mistyped, or expired and "
                    "purged); the revocation is recorded anyway, so any token for that ID is refused",

@@ -132,6 +132,15 @@ def test_revoking_a_run_that_never_existed_records_it_and_says_so(broker: Broker
                                     "mistyped, or expired and purged); the revocation is recorded anyway")
 
 
+def test_revoke_json_is_the_record_and_says_whether_the_run_was_known(broker: Broker) -> None:
+    result = cli("revoke", "--run", "run_neverexisted2", "--json", "--broker", broker.url,
+                 token=broker.vault.admin_token)
+    assert result.exit_code == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert (record["scope"], record["name"], record["recorded"], record["unknown_run"]) == (
+        "run", "run_neverexisted2", True, True)
+
+
 def test_run_show_table_and_json(broker: Broker) -> None:
     token = broker.vault.runtime_token("notifier")
     run_id = broker.mint("notifier", [{"upstream": "slack", "purpose": "post_message"}]).json()["run_id"]
@@ -199,6 +208,7 @@ def test_every_command_and_option_has_help_and_no_empty_choice() -> None:
     pytest.param(["run", "show"], id="run-show"),
     pytest.param(["keys", "list"], id="keys-list"),
     pytest.param(["revocations"], id="revocations"),
+    pytest.param(["revoke"], id="revoke"),
     pytest.param(["audit", "query"], id="audit-query"),
     pytest.param(["audit", "tail"], id="audit-tail"),
 ])
