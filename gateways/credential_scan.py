@@ -268,9 +268,12 @@ class CredentialScanner:
         cookie. One pass over all names and values first (``\n`` joins them: no match can hold
         one); the header-by-header scan runs only to name the place of a finding."""
         whole = b"\n".join(b"%b\n%b" % (name.lower(), value) for name, value in headers)
-        if self.find(whole) is None and not any(self._unpacked(name, value) for name, value in headers):
+        seen = self.find(whole)
+        if seen is None and not any(self._unpacked(name, value) for name, value in headers):
             return None
-        return self._scan_each_header(headers)
+        # the place-by-place scan only names where; if it cannot (a credential holding the
+        # separator it splits on, e.g. ';' in a cookie), the whole block's finding still refuses
+        return self._scan_each_header(headers) or Finding(f"header:{_UNNAMED}", seen.name if seen else "")
 
     def _unpacked(self, name: bytes, value: bytes) -> bool:
         """Does a decoded Basic credential or a cookie pair hold a finding?"""
@@ -314,9 +317,14 @@ class CredentialScanner:
         """Every ``name=value`` of the query, raw and percent-decoded up to ``MAX_DECODES`` times.
         Decoding is local to each ``%XX``, so the whole query's forms hold every pair's forms:
         one pass over them first, the pair-by-pair scan only to name the place of a finding."""
-        if not raw_query or self.find(b"\n".join(percent_decoded(raw_query))) is None:
+        if not raw_query:
             return None
-        return self._pairs("query", raw_query, b"&")
+        seen = self.find(b"\n".join(percent_decoded(raw_query)))
+        if seen is None:
+            return None
+        # as for headers: a finding the pair-by-pair scan cannot place (a credential holding '&')
+        # still refuses
+        return self._pairs("query", raw_query, b"&") or Finding(f"query:{_UNNAMED}", seen.name)
 
     def scan_body(self, body: bytes, content_type: str) -> Finding | None:
         """JSON: every key and string value, parsed; form: like the query; anything else: raw bytes."""

@@ -105,7 +105,9 @@ def find_in_body(body: bytes, content_type: str, rules: FieldRules, depth: int =
     elif kind.startswith("multipart/"):
         finding = _find_multipart(body, content_type, rules, depth)
     if finding is None and _looks_like_json(body):
-        finding = _find_json(body, "body:json", rules, strict=False)
+        # JSON-looking text of another type, parsed or not (a lenient upstream may read it as
+        # JSON either way): strict, so what does not parse is still searched for name: value
+        finding = _find_json(body, "body:json", rules, strict=True)
     return finding
 
 
@@ -214,7 +216,7 @@ def _params(value: str, wanted: str) -> list[str]:
     return out
 
 
-def _parts(body: bytes, boundary: str) -> Iterator[tuple[dict[str, str], bytes]]:
+def _parts(body: bytes, boundary: str) -> Iterator[tuple[dict[str, list[str]], bytes]]:
     """(lower-cased headers, content) of each part between ``--boundary`` delimiters. A regex
     per part head, not the email parser: a 16 MiB body may hold hundreds of thousands of parts."""
     for chunk in body.split(b"--" + boundary.encode("latin-1"))[1:]:
@@ -223,22 +225,26 @@ def _parts(body: bytes, boundary: str) -> Iterator[tuple[dict[str, str], bytes]]
         head, sep, content = chunk.partition(b"\r\n\r\n")
         if not sep:
             head, _, content = chunk.partition(b"\n\n")
-        headers: dict[str, str] = {}
+        headers: dict[str, list[str]] = {}
         for name, value in _HEADER.findall(head):
-            headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1").strip())
+            headers.setdefault(name.decode("latin-1").lower(), []).append(value.decode("latin-1").strip())
         yield headers, content.removesuffix(b"\n").removesuffix(b"\r")
 
 
 def _find_multipart(body: bytes, content_type: str, rules: FieldRules, depth: int) -> Finding | None:
-    boundaries = _params(content_type, "boundary")
-    if not boundaries or not boundaries[0] or depth >= MAX_DEPTH:
+    if depth >= MAX_DEPTH:
         return None
-    for headers, content in _parts(body, boundaries[0]):
-        for name in _params(headers.get("content-disposition", ""), "name"):
-            forms = _forms(name.encode("utf-8", "surrogateescape"))
-            if content and rules.refuses(forms, flat=True):
-                return Finding(f"body:multipart:{label(forms[-1])}", NAMED)
-        inner = find_in_body(content, headers.get("content-type", ""), rules, depth + 1)
-        if inner is not None:
-            return Finding(f"body:multipart:{inner.location.removeprefix('body:')}", NAMED)
+    # every boundary the type names, and every Content-Disposition and Content-Type of a part:
+    # parsers differ on which one wins (Starlette takes the last header, others the first)
+    for boundary in dict.fromkeys(b for b in _params(content_type, "boundary") if b):
+        for headers, content in _parts(body, boundary):
+            for disposition in headers.get("content-disposition", []):
+                for name in _params(disposition, "name"):
+                    forms = _forms(name.encode("utf-8", "surrogateescape"))
+                    if content and rules.refuses(forms, flat=True):
+                        return Finding(f"body:multipart:{label(forms[-1])}", NAMED)
+            for inner_type in headers.get("content-type", []) or [""]:
+                inner = find_in_body(content, inner_type, rules, depth + 1)
+                if inner is not None:
+                    return Finding(f"body:multipart:{inner.location.removeprefix('body:')}", NAMED)
     return None

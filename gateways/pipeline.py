@@ -46,7 +46,8 @@ log = logging.getLogger("valetkey.gateway")
 REFUSED_METHODS = frozenset({"TRACE", "TRACK", "CONNECT", "DEBUG"})
 SCANNED_TYPES = ("application/json", "application/x-www-form-urlencoded", "multipart/form-data",
                  "text/plain")
-SCAN_ANY_BELOW = 1024 * 1024  # bodies this small are buffered and scanned whatever their type
+SCAN_ANY_BELOW = 1024 * 1024  # bodies this small (declared, or chunked and ending within it) are
+# buffered and scanned whatever their type
 FIELDS_INLINE_BELOW = 64 * 1024  # larger bodies have their field names walked in a thread
 
 
@@ -178,12 +179,20 @@ async def read_body(gw: Gateway, ex: Exchange) -> None:
     content_type = (ex.header(b"content-type") or [b""])[0].decode("latin-1")
     scan = media_type(content_type).startswith(SCANNED_TYPES) or media_type(content_type).endswith(
         "+json") or (size is not None and size <= SCAN_ANY_BELOW)
-    if not scan:
-        ex.body = _limited_stream(ex, limit)
-        return
+    stream = _limited_stream(ex, limit)
     chunks: list[bytes] = []
-    async for chunk in _limited_stream(ex, limit):
-        chunks.append(chunk)
+    if not scan:
+        # a chunked body of a type not scanned by name may still be small: read up to
+        # SCAN_ANY_BELOW ahead, and scan it whole if it ends there; a longer one is streamed
+        ahead = 0
+        async for chunk in stream:
+            chunks.append(chunk)
+            ahead += len(chunk)
+            if ahead > SCAN_ANY_BELOW:
+                ex.body = _replay(chunks, stream)
+                return
+    else:
+        chunks = [chunk async for chunk in stream]
     ex.body = b"".join(chunks)
     finding = gw.scanner().scan_body(ex.body, content_type)
     if finding is not None:
@@ -197,6 +206,13 @@ async def read_body(gw: Gateway, ex: Exchange) -> None:
         finding = await asyncio.to_thread(find_in_body, ex.body, content_type, rules)
     if finding is not None:
         _refuse_field(ex, finding)
+
+
+async def _replay(read: list[bytes], rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    for chunk in read:
+        yield chunk
+    async for chunk in rest:
+        yield chunk
 
 
 async def _limited_stream(ex: Exchange, limit: int) -> AsyncIterator[bytes]:

@@ -24,6 +24,14 @@ UPLOAD = {"upstream": "echo", "purpose": "upload"}
 FORM = "application/x-www-form-urlencoded"
 MULTI_BODY, MULTI_TYPE = multipart(('name="title"', "", b"x"), ('name="api_key"', "", OPAQUE.encode()))
 
+# a part naming itself twice (parsers differ on which wins), and a type naming two boundaries
+TWICE_NAMED = (b"--b1\r\nContent-Disposition: form-data; name=\"note\"\r\n"
+               b"Content-Disposition: form-data; name=\"client_secret\"\r\n\r\n" + OPAQUE.encode()
+               + b"\r\n--b1--\r\n")
+TWO_BOUNDARIES = (b"--b2\r\nContent-Disposition: form-data; name=\"client_secret\"\r\n\r\n" + OPAQUE.encode()
+                  + b"\r\n--b2--\r\n")
+LOOSE_JSON = b'{"client_secret":"' + OPAQUE.encode() + b'","x":"\xff"}'  # not UTF-8: does not parse
+
 REFUSALS = [
     pytest.param("GET", f"/v1/items?key={OPAQUE}", None, None, "query:key", id="query-key"),
     pytest.param("GET", f"/v1/items?q=1&access_token={OPAQUE}", None, None, "query:access_token",
@@ -45,6 +53,15 @@ REFUSALS = [
     pytest.param("POST", "/v1/items/42", MULTI_TYPE, MULTI_BODY, "body:multipart:api_key", id="multipart"),
     pytest.param("POST", "/v1/blobs", FORM, f"password=ok&token={OPAQUE}", "body:form:token",
                  id="allowed-field-does-not-allow-others"),
+    pytest.param("POST", "/v1/blobs", "multipart/form-data; boundary=b1", TWICE_NAMED,
+                 "body:multipart:client_secret", id="multipart-disposition-twice"),
+    pytest.param("POST", "/v1/blobs", "multipart/form-data; boundary=b1; boundary=b2", TWO_BOUNDARIES,
+                 "body:multipart:client_secret", id="multipart-two-boundaries"),
+    pytest.param("POST", "/v1/blobs", "text/plain", LOOSE_JSON, "body:json:client_secret",
+                 id="unparsable-json-as-text"),
+    pytest.param("POST", "/v1/blobs", None, LOOSE_JSON, "body:json:client_secret", id="unparsable-json-untyped"),
+    pytest.param("POST", "/v1/blobs", "application/octet-stream", [b'{"client_', b'secret": "' + OPAQUE.encode(), b'"}'],
+                 "body:json:client_secret", id="chunked-untyped-json"),
     pytest.param("GET", "/v1/items", "application/json",
                  json.dumps({"pad": "p" * 100_000, "cfg": {"api": {"key": OPAQUE}}}), "body:json:api_key",
                  id="large-body-walked-in-a-thread"),
@@ -52,19 +69,21 @@ REFUSALS = [
 
 
 def _send(stack: Stack, token: str, method: str, path: str, ctype: str | None,
-          body: str | bytes | None) -> httpx.Response:
+          body: str | bytes | list[bytes] | None) -> httpx.Response:
     headers = {"Authorization": f"Bearer {token}"}
     if ctype:
         headers["Content-Type"] = ctype
     with httpx.Client(base_url=stack.url("echo"), headers=headers, timeout=10) as client:
-        request = client.build_request(method, path, content=body)
+        # a list is sent chunked, piece by piece (no Content-Length)
+        request = client.build_request(method, path, content=iter(body) if isinstance(body, list) else body)
         request.url = request.url.copy_with(raw_path=path.encode())
         return client.send(request)
 
 
 @pytest.mark.parametrize(("method", "path", "ctype", "body", "location"), REFUSALS)
 def test_refused_by_field_name(gateway_stack: Stack, caplog: pytest.LogCaptureFixture, method: str,
-                               path: str, ctype: str | None, body: str | bytes | None, location: str) -> None:
+                               path: str, ctype: str | None, body: str | bytes | list[bytes] | None,
+                               location: str) -> None:
     caplog.set_level(logging.DEBUG)
     token = gateway_stack.mint([READ, WRITE, UPLOAD])["env"]["ECHO_TOKEN"]
     with Refused(gateway_stack, "echo"):

@@ -492,3 +492,21 @@ def test_json_in_any_encoding_json_loads_reads(scanner: CredentialScanner, encod
     """json.loads reads UTF-16/32 too (and so may the upstream): the raw-bytes shortcut is UTF-8 only."""
     body = json.dumps({"k": "ghp_A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"}).encode(encoding)
     assert scanner.scan_body(body, "application/json") == Finding("body:json", "github_classic_pat")
+
+
+@pytest.mark.parametrize(("held", "headers", "query"), [
+    pytest.param("hunter2;long-held-value", [(b"cookie", b"sid=hunter2;long-held-value")], b"",
+                 id="cookie-value-holds-the-separator"),
+    pytest.param("hunter2&long-held-value", [], b"q=hunter2&long-held-value", id="query-value-holds-the-separator"),
+    pytest.param("held=value;with-both&seps", [(b"x-note", b"a held=value;with-both&seps b")], b"",
+                 id="plain-header-value"),
+])
+def test_a_finding_the_place_scan_cannot_place_still_refuses(
+        held: str, headers: list[tuple[bytes, bytes]], query: bytes) -> None:
+    """The whole-block pass finds the held secret; splitting on ';' or '&' to name the place cannot.
+    That must never turn into 'allowed'."""
+    scanner = CredentialScanner(extra_exact=[Secret(held)])
+    finding = scanner.scan_headers(headers) or scanner.scan_query(query)
+    assert finding is not None
+    assert finding.reason is Reason.CREDENTIAL_PASSTHROUGH
+    assert held not in finding.location
