@@ -49,15 +49,14 @@ NOT_RECORDED = ("the revocation was NOT recorded and is not in force; retry unti
 
 async def end_run_artifacts(svc: Services, record: RunRecord, who: str, why: str) -> Revocation:
     """Revoke the run's tokens everywhere and every Vault token or lease created for it."""
-    revocation = await svc.revocations.revoke(
-        new_revocation(Scope.RUN, record.run_id, who, why, run_expires=record.expires)
-    )
+    revocation = await revocation_events.revoke_and_record(
+        svc.redis, new_revocation(Scope.RUN, record.run_id, who, why, run_expires=record.expires),
+        svc.settings.audit_maxlen, runtime=record.runtime)
     for accessor in record.vault_accessors:
         try:
             await svc.vault.revoke_accessor(accessor)
         except ValetkeyError as exc:  # the run is revoked either way; say what was left behind
             log.warning('{"event":"vault_revoke_failed","run":"%s","reason":"%s"}', record.run_id, exc.code)
-    await record_event(svc, revocation, "revoke")
     return revocation
 
 
@@ -101,8 +100,8 @@ async def _revoke(request: Request) -> Response:
     if scope is Scope.RUN:
         record = await svc.runs.get(name)
         if record is None:  # unknown here (expired, or Redis lost it): revoke the id all the same
-            revocation = await svc.revocations.revoke(new_revocation(scope, name, caller.name, why))
-            await record_event(svc, revocation, "revoke")
+            revocation = await revocation_events.revoke_and_record(
+                svc.redis, new_revocation(scope, name, caller.name, why), svc.settings.audit_maxlen)
         else:
             revocation = await end_run_artifacts(svc, record, caller.name, why)
             try:
@@ -111,8 +110,8 @@ async def _revoke(request: Request) -> Response:
                 log.warning('{"event":"run_end_failed","run":"%s","reason":"%s"}', name, exc.code)
     else:
         _require_in_policy(svc, scope, name)
-        revocation = await svc.revocations.revoke(new_revocation(scope, name, caller.name, why))
-        await record_event(svc, revocation, "revoke")
+        revocation = await revocation_events.revoke_and_record(
+            svc.redis, new_revocation(scope, name, caller.name, why), svc.settings.audit_maxlen)
     return JSONResponse({**_view(revocation), "recorded": True}, status_code=201)
 
 

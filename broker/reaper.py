@@ -24,6 +24,7 @@ from redis.exceptions import RedisError
 from broker.services import Services
 from contract.errors import ValetkeyError
 from contract.revocations import CHANNEL, Revocation, Scope, in_policy
+from contract.tasks import stop_task
 
 log = logging.getLogger("valetkey.broker")
 PURGE_EVERY = 300.0
@@ -52,11 +53,9 @@ class Reaper:
                        asyncio.create_task(self._purge(), name="broker-purge")]
 
     async def stop(self) -> None:
+        # stop_task, not cancel + await: redis-py's wait_for can swallow a cancellation (3.11)
         for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_task(task)
 
     async def _watch(self) -> None:
         while True:

@@ -20,6 +20,7 @@ from typing import Any
 ALGORITHM = "Ed25519"  # RFC 9864 fully-specified name (EdDSA is deprecated there)
 TOKEN_TYPE = "at+jwt"  # noqa: S105 - the JWT typ header value
 MAX_TOKEN_BYTES = 4096
+MAX_LEEWAY = 60  # seconds of clock skew a verifier may tolerate at most (VALETKEY_TOKEN_LEEWAY)
 _B64URL = re.compile(r"[A-Za-z0-9_-]*")
 REQUIRED_CLAIMS = ("iss", "sub", "aud", "exp", "nbf", "iat", "jti", "client_id", "grants")
 

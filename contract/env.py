@@ -29,7 +29,11 @@ def required(env: Mapping[str, str], key: str) -> str:
 def checked_url(key: str, value: str, schemes: tuple[str, ...] = ("http", "https")) -> str:
     parts = urlsplit(value)
     if parts.scheme not in schemes or (parts.scheme != "unix" and not parts.hostname):
-        raise SettingsError(f"{key}={value!r} is not a {'/'.join(schemes)} URL")
+        # never the value itself: a URL may carry a password (redis://:pw@…) or be a secret
+        # (a webhook URL); its scheme is enough to see what is wrong
+        shown = f"scheme {parts.scheme!r}" if parts.scheme else "no scheme"
+        raise SettingsError(f"{key} is not a {'/'.join(schemes)} URL ({shown}"
+                            f"{'' if parts.scheme == 'unix' or parts.hostname else ', no host'})")
     return value.rstrip("/")
 
 

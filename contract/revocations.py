@@ -36,7 +36,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from contract.claims import AccessClaims
+from contract.claims import MAX_LEEWAY, AccessClaims
 from contract.errors import BadRequest, NotFound, Reason, TokenInvalid, Unavailable
 from policies.model import PolicySet
 
@@ -210,7 +210,8 @@ class RevocationSet:
 
 def _expired(record: Revocation, now: float) -> bool:
     if record.scope is Scope.RUN:
-        return record.expires < now
+        # a verifier accepts the run's tokens until exp + its leeway: keep the record that long
+        return record.expires + MAX_LEEWAY < now
     return not record.blocked and record.lifted_at + MAX_TOKEN_LIFETIME < now
 
 

@@ -82,7 +82,7 @@ class VaultClient:
                 f"vault refused {method} {path} with {response.status_code}",
                 Reason.VAULT_UNAVAILABLE,
             )
-        data = response.json().get("data")
+        data = _json(response).get("data")
         if not isinstance(data, dict):
             raise UpstreamError(f"vault answer for {path} has no data", Reason.VAULT_UNAVAILABLE)
         return data
@@ -107,7 +107,7 @@ class VaultClient:
         response = await self._request(
             "POST", f"auth/token/create/{role}", {"ttl": f"{ttl}s", "meta": meta, "no_parent": True}
         )
-        auth = response.json().get("auth") if response.status_code == 200 else None
+        auth = _json(response).get("auth") if response.status_code == 200 else None
         if not isinstance(auth, dict) or not auth.get("client_token"):
             raise UpstreamError(f"run token creation refused with {response.status_code}")
         return Secret(auth["client_token"]), str(auth["accessor"])
@@ -126,7 +126,7 @@ class VaultClient:
             return None
         if response.status_code != 200:
             raise UpstreamError(f"token lookup failed with {response.status_code}")
-        data = response.json().get("data")
+        data = _json(response).get("data")
         return data if isinstance(data, dict) else None
 
     async def transit_key(self, mount: str, key: str) -> TransitKey:
@@ -174,7 +174,17 @@ class VaultClient:
         response = await self._request(
             "POST", "auth/approle/login", {"role_id": role_id, "secret_id": secret_id.reveal()}
         )
-        auth = response.json().get("auth") if response.status_code == 200 else None
+        auth = _json(response).get("auth") if response.status_code == 200 else None
         if not isinstance(auth, dict) or not auth.get("client_token"):
             raise UpstreamError(f"approle login refused with {response.status_code}")
         return Secret(auth["client_token"]), int(auth.get("lease_duration") or 0)
+
+
+def _json(response: httpx.Response) -> dict[str, Any]:
+    """Vault's JSON answer; anything else (a proxy's error page) is Vault being unavailable."""
+    try:
+        body = response.json()
+    except ValueError:
+        raise Unavailable(f"vault answered {response.status_code} without JSON",
+                          Reason.VAULT_UNAVAILABLE) from None
+    return body if isinstance(body, dict) else {}

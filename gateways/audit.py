@@ -14,12 +14,13 @@ import contextlib
 import itertools
 import json
 import logging
+import re
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, quote
+from urllib.parse import quote, unquote_plus
 
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -43,12 +44,21 @@ return (#ARGV - 1) / 3
 """
 
 
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.\-\[\]]{1,64}")
+
+
 def masked_path(path: str, query: bytes) -> str:
-    """``/x?a=1&b=2`` → ``/x?a=***&b=***``: names stay, values never appear."""
+    """``/x?a=1&b=2`` → ``/x?a=***&b=***``: plain names stay, values never appear. An item
+    without ``=`` is all value (``?hunter2``), and a name that is not a plain token may be one:
+    both are written ``***``."""
     if not query:
         return path
-    names = [quote(k, safe="") for k, _ in parse_qsl(query.decode("latin-1"), keep_blank_values=True)]
-    return f"{path}?{'&'.join(f'{n}=***' for n in names)}" if names else f"{path}?***"
+    items = []
+    for item in query.decode("latin-1").split("&"):
+        name, sep, _ = item.partition("=")
+        name = unquote_plus(name)
+        items.append(f"{quote(name, safe='')}=***" if sep and _PLAIN_NAME.fullmatch(name) else "***")
+    return f"{path}?{'&'.join(items)}"
 
 
 @dataclass

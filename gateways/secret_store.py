@@ -115,12 +115,13 @@ class SecretStore:
             await asyncio.sleep(pause)
             try:
                 await self.load()
-            except ValetkeyError as exc:
+            except Exception as exc:  # any failure: retry, never let the refresher die silently
                 self._login_expires = 0.0  # the token may be gone: log in again next time
                 pause = min(self._refresh, RETRY_FIRST * 2**failures)
                 failures += 1
+                code = exc.code if isinstance(exc, ValetkeyError) else type(exc).__name__
                 log.warning('{"event": "secret_refresh_failed", "reason": "%s", "retry_in": %g}',
-                            exc.code, pause)
+                            code, pause)
                 continue
             if failures:
                 log.warning('{"event": "secret_refresh_recovered", "failures": %d}', failures)

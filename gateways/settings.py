@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from contract.claims import MAX_LEEWAY
 from contract.env import (
     REDIS_SCHEMES,
     SettingsError,
@@ -100,7 +101,8 @@ class GatewaySettings:
             upstream_ca_file=_ca_file(env, "VALETKEY_UPSTREAM_CA_FILE"),
             broker_ca_file=_ca_file(env, "VALETKEY_BROKER_CA_FILE"),
             revocation_max_stale=float(duration(env, "VALETKEY_REVOCATION_MAX_STALE", "3s")),
-            token_leeway=int_setting("VALETKEY_TOKEN_LEEWAY", env.get("VALETKEY_TOKEN_LEEWAY", "5"), 0, 60),
+            token_leeway=int_setting("VALETKEY_TOKEN_LEEWAY", env.get("VALETKEY_TOKEN_LEEWAY", "5"), 0,
+                                     MAX_LEEWAY),
             metrics_listen=_listen(env, "VALETKEY_METRICS_LISTEN"),
             alert_webhook_url=checked_url("VALETKEY_ALERT_WEBHOOK_URL", env["VALETKEY_ALERT_WEBHOOK_URL"])
             if env.get("VALETKEY_ALERT_WEBHOOK_URL") else "",

@@ -107,6 +107,8 @@ class SseRedactor:
         if len(self._held) > MAX_HELD_EVENTS or sum(len(e.raw) for e in self._held) > MAX_HELD_BYTES:
             for stream in self._streams.values():
                 self._settle(stream, [(0, len(stream.text), MARKER)] if stream.text else [], len(stream.text))
+            # settled streams hold nothing: forget them, or a feed of ever-new JSON paths grows
+            self._streams = {key: stream for key, stream in self._streams.items() if stream.text}
         return self._release()
 
     def finish(self) -> bytes:

@@ -45,3 +45,15 @@ def test_listen_without_host_port_names_the_form(value: str) -> None:
         BrokerSettings.from_env({**BASE, "VALETKEY_LISTEN": value})
     assert str(info.value) == (f"VALETKEY_LISTEN={value!r} is not HOST:PORT "
                                "(e.g. 127.0.0.1:8400 or 0.0.0.0:8080)")
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    pytest.param("VALETKEY_REDIS_URL", "http://:s3cret-redis-pw@redis:6379/0", id="redis-url-with-password"),
+    pytest.param("VALETKEY_REDIS_URL", "s3cret-redis-pw", id="bare-secret"),
+])
+def test_a_bad_url_is_named_never_echoed(key: str, value: str) -> None:
+    """A URL may carry a password or be a secret itself: the error names the variable, not the value."""
+    with pytest.raises(SettingsError) as info:
+        BrokerSettings.from_env({"VAULT_TOKEN": "s.t", key: value})
+    assert key in str(info.value)
+    assert "s3cret-redis-pw" not in str(info.value)

@@ -14,12 +14,14 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from contract.claims import MAX_LEEWAY
 from contract.errors import BadRequest, NotFound, Reason
 from contract.revocations import (
     CHANNEL,
     HASH,
     UNKNOWN_GRACE,
     Revocation,
+    RevocationSet,
     RevocationStore,
     Scope,
     new_revocation,
@@ -153,7 +155,7 @@ async def test_purge(client: aioredis.Redis) -> None:
         "bogus": json.dumps(record(Scope.ALL, "")),  # names no scope: deleted
         "upstream:gone": json.dumps(record(Scope.UPSTREAM, "gone", when=old)),  # not in policy, old: deleted
         "runtime:new": json.dumps(record(Scope.RUNTIME, "new", when=NOW - 60)),  # not in policy, recent: kept
-        "run:run_old": json.dumps(record(Scope.RUN, "run_old", expires=NOW - 1)),  # expired: deleted
+        "run:run_old": json.dumps(record(Scope.RUN, "run_old", expires=NOW - MAX_LEEWAY - 1)),  # expired: deleted
         "run:run_live": json.dumps(record(Scope.RUN, "run_live", expires=NOW + 60)),  # kept
     }
     await client.hset(HASH, mapping=fields)
@@ -180,9 +182,23 @@ async def test_purge(client: aioredis.Redis) -> None:
 async def test_purge_never_deletes_what_was_rewritten_meanwhile(client: aioredis.Redis) -> None:
     """Compare and delete: a revoke landing between the read and the delete survives."""
     store = RevocationStore(client)
-    await client.hset(HASH, "run:run_a", json.dumps(record(Scope.RUN, "run_a", expires=NOW - 1)))
+    await client.hset(HASH, "run:run_a", json.dumps(record(Scope.RUN, "run_a", expires=NOW - MAX_LEEWAY - 1)))
     fresh = new_revocation(Scope.RUN, "run_a", "admin:x", "again", run_expires=time.time() + 60)
     stale = await client.hget(HASH, "run:run_a")
     await store.put(fresh)
     assert not await store._replace(b"run:run_a", stale, "")
     assert Revocation.from_json(await client.hget(HASH, "run:run_a")) == fresh
+
+
+@pytest.mark.parametrize(("past_exp", "kept"), [
+    pytest.param(1, True, id="within-the-leeway"),
+    pytest.param(MAX_LEEWAY - 1, True, id="at-the-longest-leeway"),
+    pytest.param(MAX_LEEWAY + 1, False, id="past-every-leeway"),
+])
+def test_a_run_revocation_outlives_its_tokens_leeway(past_exp: int, kept: bool) -> None:
+    """A verifier accepts a token until exp + its leeway: a replica resyncing in that window must
+    still hold the revocation, or a revoked run's token works again."""
+    revocation = new_revocation(Scope.RUN, "run_x", "admin:x", "why", run_expires=NOW - past_exp)
+    current = RevocationSet([revocation])
+    current.forget_expired(NOW)
+    assert any(r.name == "run_x" for r in current.records()) is kept
