@@ -18,9 +18,9 @@ from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
-from policies import units
 from policies.model import DEFAULT_RUN_CONCURRENCY, Alerting, AlertKind, RunLimits, Threshold
 from policies.report import Report
+from policies.units import parse_duration, parse_size
 
 _KINDS = ", ".join(k.value for k in AlertKind)
 MAX_RUN_CONCURRENCY = 100_000
@@ -46,7 +46,7 @@ def run_limits(value: Any, rule: str, r: Report) -> RunLimits | None:
               f"write e.g. `concurrent: {DEFAULT_RUN_CONCURRENCY}` (requests of one run in flight at once)")
         return None
     try:
-        bytes_out = units.parse_size(value["bytes_out"]) if "bytes_out" in value else None
+        bytes_out = parse_size(value["bytes_out"]) if "bytes_out" in value else None
     except ValueError as exc:
         r.add(f"{rule} bytes_out", str(exc), "write e.g. `bytes_out: 50MiB`")
         return None
@@ -106,7 +106,7 @@ def _threshold(spec: Any, rule: str, r: Report) -> Threshold | None:
         r.add(rule, f"count {count!r} is not a positive whole number", "write e.g. `count: 10`")
         return None
     try:
-        window = units.parse_duration(spec["window"])
+        window = parse_duration(spec["window"])
     except ValueError as exc:
         r.add(rule, str(exc), "write e.g. `window: 1m`")
         return None

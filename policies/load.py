@@ -13,7 +13,8 @@ from typing import Any
 
 import yaml
 
-from policies import runtime_doc, upstream_doc
+import policies.runtime_doc as runtime_doc
+import policies.upstream_doc as upstream_doc
 from policies.alerts_doc import alerts
 from policies.model import POLICY_VERSION, Alerting, PolicySet, Runtime, Upstream
 from policies.report import Problem, Report

@@ -7,9 +7,9 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any
 
-from policies import units
 from policies.model import Identity, Runtime, Upstream
 from policies.report import Problem, Report, description, keys, label, mapping, string
+from policies.units import parse_duration
 from policies.upstream_doc import NAME
 
 MAX_RUN_TTL = 24 * 3600  # the verifier refuses longer token lifetimes
@@ -37,7 +37,7 @@ def runtime(doc: dict[str, Any], r: Report) -> Runtime | None:
                 identity = Identity(**{field: val})
     allow = _allow(doc["allow"], f"{rule} allow", r)
     try:
-        max_ttl = units.parse_duration(doc.get("max_ttl", "1h"))
+        max_ttl = parse_duration(doc.get("max_ttl", "1h"))
     except ValueError as exc:
         r.add(f"{rule} max_ttl", str(exc), "write e.g. `max_ttl: 1h`")
         return None

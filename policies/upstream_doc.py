@@ -10,7 +10,7 @@ import re
 from types import MappingProxyType
 from typing import Any
 
-from policies import alerts_doc, units
+from policies.alerts_doc import run_limits
 from policies.credential_names import is_credential_name, normalised
 from policies.model import (
     Injection,
@@ -25,6 +25,7 @@ from policies.model import (
 from policies.origins import Origin, OriginError, parse_origin
 from policies.report import Report, description, keys, label, mapping, string
 from policies.templates import PathTemplate, TemplateError
+from policies.units import parse_rate, parse_size
 
 NAME = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
 PURPOSE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
@@ -66,7 +67,7 @@ def upstream(doc: dict[str, Any], r: Report) -> Upstream | None:
     if not isinstance(allow_private, bool):
         r.add(f"{rule} allow_private", "expected true or false", "write `allow_private: false`")
         return None
-    limits = alerts_doc.run_limits(doc.get("run_limits", {}), f"{rule} run_limits", r)
+    limits = run_limits(doc.get("run_limits", {}), f"{rule} run_limits", r)
     if url is None or secret is None or injection is None or env is None or purposes is None:
         return None
     if limits is None:
@@ -294,13 +295,13 @@ def _limits(value: Any, rule: str, r: Report) -> Limits | None:
     ok = True
     if "max_body" in doc:
         try:
-            max_body = units.parse_size(doc["max_body"])
+            max_body = parse_size(doc["max_body"])
         except ValueError as exc:
             r.add(f"{rule} max_body", str(exc), "write e.g. `max_body: 64KiB`")
             ok = False
     if "rate" in doc:
         try:
-            rate = Rate(*units.parse_rate(doc["rate"]))
+            rate = Rate(*parse_rate(doc["rate"]))
         except ValueError as exc:
             r.add(f"{rule} rate", str(exc), "write e.g. `rate: '3 per 10m'`")
             ok = False
