@@ -29,8 +29,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gateways.redact import MARKER, Redactor, forms
-from gateways.secret_forms import compile_text, texts
+from gateways.secret_forms import texts
 from gateways.sse import SseRedactor
+from gateways.text_regex import compile_text
 
 SECRET = b"real-bench-secret-9f3c2a7d1e5b4c6a8f0d2e4b"
 WORDS = [b"issue", b"comment", b"repository", b"created_at", b"state", b"open", b"closed", b"labels",

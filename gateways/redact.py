@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 from ahocorasick_rs import MATCHKIND_LEFTMOST_FIRST, BytesAhoCorasick
 
-from gateways.secret_forms import FAMILIES, JSON_FAMILY, Anchor, Text, compile_text, forms, texts
+from gateways.secret_forms import FAMILIES, JSON_FAMILY, Anchor, Text, forms, texts
+from gateways.text_regex import compile_text
 
 __all__ = ["MARKER", "MIN_SECRET_LENGTH", "Redactor", "StreamRedactor", "forms"]
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from gateways.redact import MARKER, Redactor, forms
-from gateways.secret_forms import compile_text, texts
+from gateways.secret_forms import texts
+from gateways.text_regex import compile_text
 
 SECRETS = [
     pytest.param(b"real-echo-secret-0123456789abcdef01234567", id="token"),
