@@ -25,7 +25,16 @@ from contract.errors import Unavailable, ValetkeyError
 from contract.revocation_events import record_event, revoke_and_record
 from contract.revocations import Revocation, RevocationStore, Scope, new_revocation
 from policies.units import parse_duration
-from valetkey.cli_support import BROKER_OPTION, JSON_OPTION, broker_client, broker_url, fail, show
+from valetkey.cli_support import (
+    BROKER_OPTION,
+    CONTEXT,
+    JSON_OPTION,
+    broker_client,
+    broker_url,
+    fail,
+    options,
+    show,
+)
 
 REDIS_OPTION = click.option(
     "--redis", "redis_url", envvar="VALETKEY_REDIS_URL", default=None, metavar="URL",
@@ -229,7 +238,7 @@ def _redis(url: str) -> aioredis.Redis:
     return aioredis.Redis.from_url(url, socket_timeout=5.0)
 
 
-FILTERS = [
+filters = options(
     REDIS_OPTION,
     click.option("--run", "run_id", default="", help="One run."),
     click.option("--runtime", default="", help="One runtime."),
@@ -242,16 +251,10 @@ FILTERS = [
     click.option("--kind", type=click.Choice(["request", "run", "revocation", "alert"]), default=None,
                  help="Entry kind [default: all]."),
     click.option("--json", "as_json", is_flag=True, help="Raw JSON lines."),
-]
+)
 
 
-def filters(func: Any) -> Any:
-    for option in reversed(FILTERS):
-        func = option(func)
-    return func
-
-
-@click.group("audit", context_settings={"help_option_names": ["-h", "--help"]})
+@click.group("audit", context_settings=CONTEXT)
 def audit_group() -> None:
     """Read the audit stream (requests, revocations, alerts)."""
 

@@ -13,10 +13,19 @@ import requests
 from broker.settings import BrokerSettings
 from contract.env import SettingsError
 from policies.load import PolicyLoadError, load_policy_dir
-from valetkey.cli_support import BROKER_OPTION, JSON_OPTION, broker_client, configure_logging, fail, show
+from valetkey.cli_support import (
+    BROKER_OPTION,
+    CONTEXT,
+    JSON_OPTION,
+    broker_client,
+    configure_logging,
+    fail,
+    options,
+    show,
+)
 
 
-@click.group("broker", context_settings={"help_option_names": ["-h", "--help"]})
+@click.group("broker", context_settings=CONTEXT)
 def broker_group() -> None:
     """The control plane."""
 
@@ -74,7 +83,7 @@ def parse_grant(text: str) -> dict[str, Any]:
     return {"upstream": upstream, "purpose": purpose, "params": params}
 
 
-@click.group("run", context_settings={"help_option_names": ["-h", "--help"]})
+@click.group("run", context_settings=CONTEXT)
 def run_group() -> None:
     """Create, inspect and end runs (uses VAULT_TOKEN as the caller identity)."""
 
@@ -170,20 +179,14 @@ def vault_failure(action: str, exc: Exception) -> str:
             "valetkey-admin policy")
 
 
-KEY_OPTIONS = [
+key_options = options(
     click.option("--mount", default="transit", show_default=True, help="Vault transit mount."),
     click.option("--key", "key_name", default="valetkey-tokens", show_default=True,
                  help="Transit key that signs run tokens."),
-]
+)
 
 
-def key_options(func: Any) -> Any:
-    for option in reversed(KEY_OPTIONS):
-        func = option(func)
-    return func
-
-
-@click.group("keys", context_settings={"help_option_names": ["-h", "--help"]})
+@click.group("keys", context_settings=CONTEXT)
 def keys_group() -> None:
     """Manage the token signing key in Vault transit.
 

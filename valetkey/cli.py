@@ -10,13 +10,11 @@ import click
 from policies.load import PolicyLoadError, load_policy_dir
 from valetkey.admin_cli import COMMANDS as ADMIN_COMMANDS
 from valetkey.broker_cli import broker_group, keys_group, run_group
+from valetkey.cli_support import CONTEXT
 from valetkey.dev.stack import dev_command
 from valetkey.gateway_cli import gateway_group
 from valetkey.secret_cli import secret_group
 from valetkey.selftest import selftest_command
-
-CONTEXT = {"help_option_names": ["-h", "--help"]}
-
 
 
 @click.group(context_settings=CONTEXT)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
@@ -75,3 +75,14 @@ BROKER_OPTION = click.option(
          f"else {DEFAULT_BROKER}].",
 )
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
+# -h as well as --help, on every group and command
+CONTEXT: dict[str, Any] = {"help_option_names": ["-h", "--help"]}
+
+
+def options(*decorators: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Several click options as one decorator, applied in the order listed."""
+    def apply(func: Any) -> Any:
+        for option in reversed(decorators):
+            func = option(func)
+        return func
+    return apply

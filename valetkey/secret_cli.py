@@ -16,11 +16,11 @@ from pathlib import Path
 import click
 
 from policies.load import SHIPPED_POLICY_DIR, PolicyLoadError, load_policy_dir
-from valetkey.cli_support import fail
+from valetkey.cli_support import CONTEXT, fail
 from valetkey.dev.state import ROOT_TOKEN_FILE, find_running, state_dir
 
 
-@click.group("secret", context_settings={"help_option_names": ["-h", "--help"]})
+@click.group("secret", context_settings=CONTEXT)
 def secret_group() -> None:
     """Write upstream secrets into Vault (where the gateways read them)."""
 
