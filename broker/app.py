@@ -149,10 +149,9 @@ async def on_http_error(request: Request, exc: Exception) -> Response:
     status = exc.status_code if isinstance(exc, HTTPException) else 500
     code = {404: Reason.NOT_FOUND, 405: Reason.METHOD_NOT_ALLOWED}.get(status, Reason.INVALID_REQUEST)
     refusal = ValetkeyError(f"HTTP {status}", code)
-    refusal.status = status  # type: ignore[misc]  # Starlette's own status, rendered our way
     if status == 405:
         refusal.headers["Allow"] = allowed_methods(request)  # RFC 9110 15.5.6
-    return error_response(refusal)
+    return error_response(refusal, status)
 
 
 async def on_unexpected(request: Request, exc: Exception) -> Response:
@@ -160,9 +159,9 @@ async def on_unexpected(request: Request, exc: Exception) -> Response:
     return error_response(ValetkeyError("internal error", Reason.INTERNAL_ERROR))
 
 
-def error_response(exc: ValetkeyError) -> Response:
+def error_response(exc: ValetkeyError, status: int | None = None) -> Response:
     """Every refusal the broker sends, rendered by the one renderer gateways use too."""
-    status, headers, body = render(exc)
+    status, headers, body = render(exc, status=status)
     return Response(body, status_code=status, headers={k.decode(): v.decode() for k, v in headers})
 
 

@@ -223,10 +223,12 @@ class Decision(StrEnum):
 JSON_HEADERS = ((b"content-type", b"application/json"), (b"cache-control", b"no-store"))
 
 
-def render(exc: ValetkeyError, **fields: Any) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    """The one JSON refusal of broker and gateways: status, headers and
+def render(exc: ValetkeyError, *, status: int | None = None,
+           **fields: Any) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """The one JSON refusal of broker and gateways: status (the error's own unless given: a
+    framework's 404 or 405 rendered our way), headers and
     ``{"error": code, "detail": ..., **extra, **fields}``."""
     body = json.dumps({**exc.body(), **fields}).encode()
     headers = [*JSON_HEADERS, (b"content-length", str(len(body)).encode())]
     headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in exc.headers.items()]
-    return exc.status, headers, body
+    return status or exc.status, headers, body
