@@ -198,6 +198,7 @@ class _Connection(asyncio.Protocol):
         if self.error is not None:
             raise self.error
         if self.lost or self.transport is None or self.transport.is_closing():
+            self.lost = True  # going away before connection_lost says so: a kept-alive one is retried
             raise UpstreamError("upstream closed the connection", Reason.UPSTREAM_UNREACHABLE)
         self.transport.write(data)
         if self._drain is not None:
@@ -342,7 +343,8 @@ class Pool:
         expired = asyncio.get_running_loop().time() - self._keepalive
         while self._idle:
             conn = self._idle.pop()
-            if not conn.lost and conn.idle_since > expired:
+            closing = conn.transport is None or conn.transport.is_closing()
+            if not conn.lost and not closing and conn.idle_since > expired:
                 return conn
             self._discard(conn)
         return None
