@@ -135,6 +135,28 @@ class Upstream:
         return self.base_url
 
 
+class TlsMode(StrEnum):
+    """How the egress proxy treats TLS to a destination."""
+
+    TUNNEL = "tunnel"  # the hostname is checked (CONNECT and SNI), the bytes pass unread
+    TERMINATE = "terminate"  # decrypted with a leaf of the deployment CA: methods and paths checked
+
+
+@dataclass(frozen=True)
+class Destination:
+    """A host the egress proxy lets runs reach, for a purpose (``kind: destination``)."""
+
+    name: str
+    why: str
+    host: str  # exact DNS name, or ``*.example.com`` (one or more labels in front, never the apex)
+    ports: tuple[int, ...]
+    tls: TlsMode
+    purposes: Mapping[str, Purpose]
+    ca_file: str = ""
+    allow_private: bool = False
+    source: str = ""
+
+
 @dataclass(frozen=True)
 class Identity:
     """How a runtime is recognised from its Vault token lookup: any one field set."""
@@ -195,4 +217,5 @@ class Alerting:
 class PolicySet:
     upstreams: Mapping[str, Upstream] = field(default_factory=lambda: MappingProxyType({}))
     runtimes: Mapping[str, Runtime] = field(default_factory=lambda: MappingProxyType({}))
+    destinations: Mapping[str, Destination] = field(default_factory=lambda: MappingProxyType({}))
     alerting: Alerting = field(default_factory=Alerting)
