@@ -18,15 +18,15 @@ from urllib.parse import urlsplit
 
 import uvicorn
 
-from contract.errors import BadRequest, Decision, Reason, ValetkeyError
+from contract.errors import BadRequest, Decision, Reason, ValetkeyError, render
 from gateways.audit import AuditRecord
 from gateways.exchange import Receive, Send, new_exchange
-from gateways.pipeline import handle, send_error
+from gateways.pipeline import handle
 from gateways.server import config as gateway_config
 from policies.model import PolicySet
-from proxy.connect import TUNNEL_KEY, Admission, admit
+from proxy.connect import TUNNEL_KEY, Admission, admit, proxy_status
 from proxy.hub import Hub
-from proxy.protocol import ProxyProtocol
+from proxy.protocol import HUB_KEY, ProxyProtocol
 from proxy.settings import ProxySettings
 from proxy.steps import DESTINATION_STEPS, UPSTREAM_STEPS
 
@@ -43,7 +43,7 @@ class ProxyApp:
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
+            await self._lifespan(scope, receive, send)
             return
         if scope["type"] != "http" or self.hub is None:
             return
@@ -87,12 +87,15 @@ class ProxyApp:
             scope[TUNNEL_KEY] = admission
             return admission
         record.decision, record.reason = Decision.of(error), error.code
-        await send_error(ex, error)
+        status, headers, body = render(error, status=proxy_status(error), request_id=record.request_id)
+        record.status = status
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
         record.duration_ms = round((time.perf_counter() - started) * 1000, 3)
         hub.base.audit.write(record)
         return None
 
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
+    async def _lifespan(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
@@ -108,7 +111,8 @@ class ProxyApp:
                     await send({"type": "lifespan.startup.failed", "message": str(detail)})
                     return
                 self.hub = hub
-                ProxyProtocol.hub = hub
+                # the server's lifespan state: where each connection's ProxyProtocol finds the hub
+                scope["state"][HUB_KEY] = hub
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 if self.hub is not None:

@@ -9,9 +9,8 @@ One leaf key pair per process signs nothing and is never written anywhere but a 
 file that ``ssl`` reads back at once (the ``ssl`` module only loads chains from files). The CA is
 re-read every ``refresh`` seconds in the background; a rotation empties the cache, so new
 handshakes get leaves of the new CA (the bundle carries both CA certificates during a rotation).
-Each context answers only for its own host: a ClientHello whose server name is missing or is
-another name is refused inside the handshake (``sni_missing`` / ``sni_mismatch``), and it offers
-ALPN ``http/1.1`` only.
+A context offers ALPN ``http/1.1`` only; the ClientHello's server name was checked before the
+handshake starts (``proxy.tunnel.hello``).
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ import ssl
 import tempfile
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -37,7 +35,6 @@ from contract.tasks import stop_task
 log = logging.getLogger("valetkey.proxy")
 CaLoader = Callable[[], Awaitable[tuple[bytes, bytes]]]
 LEAF_DAYS = 7
-REFUSAL_ATTR = "valetkey_refusal"  # set on the SSLObject by the SNI check
 MAX_LEAVES = 4096  # hosts with a cached context; the least recently used goes first
 
 
@@ -49,8 +46,8 @@ class LeafCerts:
         self._ca_key: ec.EllipticCurvePrivateKey | None = None
         self._ca_pem = b""
         self._key = ec.generate_private_key(ec.SECP256R1())
-        self._key_pem = self._key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                serialization.NoEncryption())
+        self._key_pem = self._key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
         self._cache: OrderedDict[str, ssl.SSLContext] = OrderedDict()
         # in memory where there is a tmpfs: the chain file holds the leaf key for a moment
         shm = "/dev/shm"  # noqa: S108 - a private 0700 directory made by mkdtemp
@@ -110,6 +107,9 @@ class LeafCerts:
             self._cache.popitem(last=False)
         return context
 
+    def cached(self, host: str) -> bool:
+        return host in self._cache
+
     def mint(self, host: str) -> bytes:
         """A PEM certificate for ``host`` signed by the CA, followed by the CA certificate."""
         if self._ca_cert is None or self._ca_key is None:
@@ -129,8 +129,8 @@ class LeafCerts:
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
             .add_extension(x509.KeyUsage(
                 digital_signature=True, content_commitment=False, key_encipherment=False,
-                data_encipherment=False, key_agreement=False, key_cert_sign=False, crl_sign=False, encipher_only=False,
-                decipher_only=False), critical=True)
+                data_encipherment=False, key_agreement=False, key_cert_sign=False, crl_sign=False,
+                encipher_only=False, decipher_only=False), critical=True)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self._ca_key.public_key()),
                            critical=False)
             .sign(self._ca_key, hashes.SHA256())
@@ -152,26 +152,4 @@ class LeafCerts:
             context.load_cert_chain(chain)
         finally:
             os.unlink(chain)
-        context.sni_callback = _sni_check(host)
         return context
-
-
-def _sni_check(host: str) -> Callable[[Any, str | None, ssl.SSLContext], int | None]:
-    """The ClientHello's server name must be ``host``: a missing or other name fails the handshake,
-    and the reason is left on the connection's ``SSLObject`` for ``refusal_of``."""
-    def check(conn: Any, server_name: str | None, _context: ssl.SSLContext) -> int | None:
-        if server_name is None:
-            setattr(conn, REFUSAL_ATTR, Reason.SNI_MISSING)
-            return ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME
-        if server_name.lower().rstrip(".") != host:
-            setattr(conn, REFUSAL_ATTR, Reason.SNI_MISMATCH)
-            return ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME
-        return None
-
-    return check
-
-
-def refusal_of(ssl_object: Any) -> Reason:
-    """Why a handshake failed: the SNI check's reason when it refused, else a plain failure."""
-    reason = getattr(ssl_object, REFUSAL_ATTR, None)
-    return reason if isinstance(reason, Reason) else Reason.TLS_HANDSHAKE_FAILED

@@ -117,6 +117,7 @@ class Hub:
                           if up.scheme == "https"}
         self.held = HeldSecrets([gw.secrets for gw in self.upstreams.values()])
         self.tunnels: set[asyncio.Task[None]] = set()  # CONNECTs in progress, cancelled at stop
+        self._forms: Gateway | None = None
         self._hosts: OrderedDict[tuple[str, str, int], tuple[Gateway, float]] = OrderedDict()
 
     def _dial_port(self, host: str, port: int) -> int | None:
@@ -157,7 +158,7 @@ class Hub:
         if entry is not None and time.monotonic() - entry[1] < RESOLVE_EVERY:
             self._hosts.move_to_end(key)
             return entry[0]
-        gw = entry[0] if entry is not None else self._destination_gateway(route)
+        gw = entry[0] if entry is not None else await self._destination_gateway(route)
         await gw.resolver.load()  # raises the egress guard's refusal; nothing is cached then
         self._hosts[key] = (gw, time.monotonic())
         self._hosts.move_to_end(key)
@@ -166,12 +167,12 @@ class Hub:
             asyncio.get_running_loop().create_task(old.client.aclose())
         return gw
 
-    def _destination_gateway(self, route: Route) -> Gateway:
+    async def _destination_gateway(self, route: Route) -> Gateway:
         s, base = self.settings.gateway, self.base
         upstream = destination_upstream(route)
         dest = route.destination
         ca_file = (dest.ca_file if dest is not None and dest.ca_file else None) or s.upstream_ca_file
-        return Gateway(
+        gw = Gateway(
             settings=s, upstream=upstream, vault=base.vault, redis=base.redis, secrets=self.held,
             resolver=PinnedResolver(route.host, route.port, upstream.allow_private, resolver=self.resolver),
             keys=base.keys, verifier=self.verifier,
@@ -182,6 +183,14 @@ class Hub:
             budgets=Budgets(base.redis, upstream), slots=RunSlots(upstream.run_limits.concurrent),
             detectors=base.detectors, webhook=base.webhook,
         )
+        # every destination host scans and redacts with the same secrets: compiled once
+        if self._forms is None or not self._forms.redactor_is_current():
+            await asyncio.to_thread(gw.redactor)
+            gw.scanner()
+            self._forms = gw
+        else:
+            gw.share_forms(self._forms)
+        return gw
 
     async def _read_ca(self) -> tuple[bytes, bytes]:
         """The CA certificate and key, with the proxy's identity (the base store logs in first)."""

@@ -17,7 +17,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import ssl
 import time
+from asyncio import sslproto
 from typing import Any
 
 import httptools
@@ -26,14 +28,14 @@ from contract.errors import BadRequest, Decision, Reason, ValetkeyError, render
 from gateways.audit import AuditRecord
 from gateways.server import GatewayProtocol
 from policies.model import TlsMode
-from proxy.certs import refusal_of
-from proxy.connect import TUNNEL_KEY, Admission, admit, parse_authority
+from proxy.connect import TUNNEL_KEY, Admission, admit, parse_authority, proxy_status
 from proxy.hub import Hub
-from proxy.tunnel import tunnel
+from proxy.tunnel import hello, tunnel
 
 log = logging.getLogger("valetkey.proxy")
 ESTABLISHED = b"HTTP/1.1 200 Connection established\r\n\r\n"
-HANDSHAKE_TIMEOUT = 10.0
+HANDSHAKE_TIMEOUT = 10  # seconds
+HUB_KEY = "valetkey.proxy"  # the lifespan state's key of the process's Hub
 
 
 class InnerProtocol(GatewayProtocol):
@@ -57,7 +59,6 @@ class InnerProtocol(GatewayProtocol):
 class ProxyProtocol(GatewayProtocol):
     """The listener's protocol: plain-http proxy requests, and CONNECT taken over."""
 
-    hub: Hub | None = None  # set on the class by ``proxy.app`` (one hub per process)
     _connect: tuple[bytes, list[tuple[bytes, bytes]]] | None = None
     _requests = 0
 
@@ -97,8 +98,8 @@ class ProxyProtocol(GatewayProtocol):
         assert self._connect is not None
         self.transport.pause_reading()
         self.connections.discard(self)
-        hub = self.hub
-        if hub is None:
+        hub = self.app_state.get(HUB_KEY)
+        if not isinstance(hub, Hub):
             self.transport.close()
             return
         authority, headers = self._connect
@@ -107,13 +108,13 @@ class ProxyProtocol(GatewayProtocol):
         task.add_done_callback(hub.tunnels.discard)
 
 
-def _refusal(exc: ValetkeyError, request_id: str) -> bytes:
-    status, headers, body = render(exc, request_id=request_id)
+def _refusal(exc: ValetkeyError, request_id: str) -> tuple[int, bytes]:
+    status, headers, body = render(exc, status=proxy_status(exc), request_id=request_id)
     reason = {407: "Proxy Authentication Required", 403: "Forbidden", 400: "Bad Request",
               502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}.get(status, "Error")
     lines = b"".join(k + b": " + v + b"\r\n" for k, v in headers if k.lower() != b"content-length")
-    return (b"HTTP/1.1 %d %b\r\n%bcontent-length: %d\r\nconnection: close\r\n\r\n%b"
-            % (status, reason.encode(), lines, len(body), body))
+    return status, (b"HTTP/1.1 %d %b\r\n%bcontent-length: %d\r\nconnection: close\r\n\r\n%b"
+                    % (status, reason.encode(), lines, len(body), body))
 
 
 async def handle_connect(hub: Hub, protocol: ProxyProtocol, authority: bytes,
@@ -139,9 +140,8 @@ async def handle_connect(hub: Hub, protocol: ProxyProtocol, authority: bytes,
     except ValetkeyError as exc:
         record.decision, record.reason = Decision.of(exc), exc.code
         if not answered:
-            status, _, _ = render(exc)
-            record.status = status
-            transport.write(_refusal(exc, record.request_id))
+            record.status, refusal = _refusal(exc, record.request_id)
+            transport.write(refusal)
         transport.close()
     except asyncio.CancelledError as cancel:
         task = asyncio.current_task()
@@ -163,28 +163,42 @@ async def handle_connect(hub: Hub, protocol: ProxyProtocol, authority: bytes,
 
 async def terminate(hub: Hub, protocol: ProxyProtocol, admission: Admission, transport: asyncio.Transport,
                     rest: bytes, record: AuditRecord) -> None:
-    """TLS with a leaf for the CONNECT host, then HTTP/1.1 inside, one audit line per request."""
-    if rest:  # a client that sends its ClientHello before our 200 cannot be terminated cleanly
-        raise BadRequest("data arrived before the tunnel was established", Reason.INVALID_REQUEST)
+    """The ClientHello must name the CONNECT host (read and checked first, as in tunnel mode);
+    then TLS with a leaf for that host, and HTTP/1.1 inside, one audit line per request."""
+    first = await hello(transport, rest, admission.route.host, hub.settings.hello_timeout)
     loop = asyncio.get_running_loop()
-    context = await asyncio.to_thread(hub.leaves.context, admission.route.host)
+    context = hub.leaves.context(admission.route.host)
+    if not hub.leaves.cached(admission.route.host):  # a new wildcard name: minted off the loop
+        context = await asyncio.to_thread(hub.leaves.context, admission.route.host)
     inner = InnerProtocol(config=protocol.config, server_state=protocol.server_state,
                           app_state=protocol.app_state, _loop=loop, admission=admission)
     try:
-        secure = await loop.start_tls(transport, inner, context, server_side=True,
-                                      ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
-    except (OSError, TimeoutError, ConnectionError) as exc:
-        ssl_protocol = transport.get_protocol()
-        raise _tls_refusal(refusal_of(getattr(ssl_protocol, "_sslobj", None)), exc) from None
-    if secure is None:
-        return
+        await start_tls(loop, transport, inner, context, first)
+    except (OSError, TimeoutError) as exc:
+        raise BadRequest(f"the TLS handshake failed ({type(exc).__name__})",
+                         Reason.TLS_HANDSHAKE_FAILED) from None
     record.status = 200
-    inner.connection_made(secure)
     await inner.closed
 
 
-def _tls_refusal(reason: Reason, exc: BaseException) -> ValetkeyError:
-    detail = {Reason.SNI_MISSING: "the ClientHello named no server",
-              Reason.SNI_MISMATCH: "the ClientHello named another host than the CONNECT"}.get(
-        reason, f"the TLS handshake failed ({type(exc).__name__})")
-    return BadRequest(detail, reason)
+async def start_tls(loop: asyncio.AbstractEventLoop, transport: asyncio.Transport, inner: asyncio.Protocol,
+                    context: ssl.SSLContext, first: bytes) -> None:
+    """``loop.start_tls`` for a connection whose first TLS bytes were already read (the ClientHello
+    we checked): asyncio's own TLS protocol, fed those bytes before the socket is read again.
+    ``inner.connection_made`` gets the TLS transport once the handshake is done."""
+    waiter: asyncio.Future[None] = loop.create_future()
+    tls = sslproto.SSLProtocol(loop, inner, context, waiter, server_side=True, call_connection_made=True,
+                               ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
+    transport.set_protocol(tls)
+    tls.connection_made(transport)
+    buffer = tls.get_buffer(len(first))
+    buffer[:len(first)] = first
+    tls.buffer_updated(len(first))
+    transport.resume_reading()
+    try:
+        await waiter
+    except BaseException:
+        transport.close()
+        raise
+
+

@@ -104,6 +104,21 @@ async def read_hello(side: _Hello, host: str, within: float) -> None:
         raise BadRequest("the ClientHello names another host than the CONNECT", Reason.SNI_MISMATCH)
 
 
+async def hello(client: asyncio.Transport, first: bytes, host: str, within: float) -> bytes:
+    """Read the client's ClientHello (terminate mode): it must name ``host``. Returns every byte
+    read, for the TLS layer that takes the connection over; reading is paused again."""
+    loop = asyncio.get_running_loop()
+    side = _Hello(loop.create_future(), [0], first)
+    side.connection_made(client)
+    client.set_protocol(side)
+    client.resume_reading()
+    try:
+        await read_hello(side, host, within)
+    finally:
+        client.pause_reading()
+    return bytes(side.pending)
+
+
 async def tunnel(hub: Hub, admission: Admission, client: asyncio.Transport, first: bytes,
                  record: AuditRecord) -> None:
     loop = asyncio.get_running_loop()
