@@ -1,11 +1,11 @@
 """The proxy's step lists: the gateway pipeline's own steps, with the tunnel's checks in front.
 
     UPSTREAM_STEPS     (a credentialed upstream's host)
-        check_tunnel → check_request → refuse_passthrough → authenticate → same_run → authorize
+        check_request → check_tunnel → refuse_passthrough → authenticate → same_run → authorize
         → refuse_credential_fields → hold_run_slot → charge_budget → read_body → inject_secret
         → dial_and_stream
     DESTINATION_STEPS  (a destination's host, terminated or plain http)
-        check_tunnel → check_request → refuse_passthrough → authenticate_tunnel → authorize
+        check_request → check_tunnel → refuse_passthrough → authenticate_tunnel → authorize
         → refuse_credential_fields → hold_run_slot → charge_budget → read_body
         → strip_credentials → dial_and_stream
 
@@ -84,12 +84,12 @@ async def strip_credentials(gw: Gateway, ex: Exchange) -> None:
 
 
 UPSTREAM_STEPS: tuple[p.Step, ...] = (
-    check_tunnel, p.check_request, p.refuse_passthrough, p.authenticate, same_run, p.authorize,
+    p.check_request, check_tunnel, p.refuse_passthrough, p.authenticate, same_run, p.authorize,
     p.refuse_credential_fields, p.hold_run_slot, p.charge_budget, p.read_body, p.inject_secret,
     p.dial_and_stream,
 )
 DESTINATION_STEPS: tuple[p.Step, ...] = (
-    check_tunnel, p.check_request, p.refuse_passthrough, authenticate_tunnel, p.authorize,
+    p.check_request, check_tunnel, p.refuse_passthrough, authenticate_tunnel, p.authorize,
     p.refuse_credential_fields, p.hold_run_slot, p.charge_budget, p.read_body, strip_credentials,
     p.dial_and_stream,
 )

@@ -137,3 +137,45 @@ def test_host_must_match_connect(proxy_stack: ProxyStack) -> None:
     with proxy_stack.client(proxy_token) as client:
         response = client.get(f"https://{DOCS}/docs/a", headers={"Host": TUN})
     assert response.status_code == 400 and response.json()["error"] == "host_mismatch"
+
+
+def test_placeholder_of_another_run(proxy_stack: ProxyStack) -> None:
+    _, placeholder, _ = proxy_stack.mint(["secure/read_items"])
+    _, _, proxy_token = proxy_stack.mint(["secure/read_items"])
+    with proxy_stack.client(proxy_token) as client:
+        response = client.get(f"https://{API}/v1/items", headers={"Authorization": f"Bearer {placeholder}"})
+    assert response.status_code == 403 and response.json()["error"] == "run_mismatch"
+
+
+def test_connect_inside_a_terminated_tunnel(proxy_stack: ProxyStack) -> None:
+    _, _, proxy_token = proxy_stack.mint(["docs/read", "tun/connect"])
+    sock, head = connect_raw(proxy_stack, f"{DOCS}:443", {"Proxy-Authorization": basic(proxy_token)})
+    assert head.startswith(b"HTTP/1.1 200"), head
+    context = ssl.create_default_context(cafile=str(proxy_stack.proxy_ca))
+    with context.wrap_socket(sock, server_hostname=DOCS) as tls:
+        tls.sendall(f"CONNECT {TUN}:443 HTTP/1.1\r\nHost: {TUN}:443\r\n\r\n".encode())
+        answer = tls.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 405"), answer
+    assert b"method_refused" in answer
+
+
+def test_revoking_the_run_cuts_its_tunnel(proxy_stack: ProxyStack) -> None:
+    run, _, proxy_token = proxy_stack.mint(["tun/connect"])
+    sock, head = connect_raw(proxy_stack, f"{TUN}:443", {"Proxy-Authorization": basic(proxy_token)})
+    assert head.startswith(b"HTTP/1.1 200"), head
+    context = ssl.create_default_context(cafile=str(proxy_stack.upstream_ca))
+    tls = context.wrap_socket(sock, server_hostname=TUN)
+    tls.sendall(f"GET /x HTTP/1.1\r\nHost: {TUN}\r\n\r\n".encode())
+    assert tls.recv(65536).startswith(b"HTTP/1.1 200")
+    proxy_stack.end(run)
+    tls.settimeout(5)
+    deadline = time.monotonic() + 5
+    closed = False
+    while time.monotonic() < deadline and not closed:
+        try:
+            closed = tls.recv(65536) == b""
+        except (ssl.SSLError, OSError):
+            closed = True
+    tls.close()
+    assert closed
+    assert audit_for(proxy_stack, run, "CONNECT", "token_revoked")
