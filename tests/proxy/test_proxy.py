@@ -43,13 +43,14 @@ def test_upstream_through_proxy_gets_real_secret(proxy_stack: ProxyStack) -> Non
 
 
 def test_destination_terminated_checks_purpose(proxy_stack: ProxyStack) -> None:
-    run, _, proxy_token = proxy_stack.mint(["docs/read"])
+    _run, _, proxy_token = proxy_stack.mint(["docs/read"])
     with proxy_stack.client(proxy_token) as client:
         ok = client.get(f"https://{DOCS}/docs/intro", headers={"Authorization": "Bearer whatever"})
         refused = client.post(f"https://{DOCS}/docs/intro", content=b"x")
     assert ok.status_code == 200, ok.text
     assert proxy_stack.echoes["docs"].seen[-1].header("authorization") == []  # stripped
-    assert refused.status_code == 403 and refused.json()["error"] == "purpose_not_granted"
+    assert refused.status_code == 403
+    assert refused.json()["error"] == "purpose_not_granted"
 
 
 def test_tunnel_passes_bytes(proxy_stack: ProxyStack) -> None:
@@ -67,7 +68,8 @@ def test_plain_http_request(proxy_stack: ProxyStack) -> None:
         ok = client.get("http://plain.example.test/docs/a")
         refused = client.get("http://plain.example.test/other")
     assert ok.status_code == 200, ok.text
-    assert refused.status_code == 403 and refused.json()["error"] == "purpose_not_granted"
+    assert refused.status_code == 403
+    assert refused.json()["error"] == "purpose_not_granted"
 
 
 CONNECT_CASES = [
@@ -136,7 +138,8 @@ def test_host_must_match_connect(proxy_stack: ProxyStack) -> None:
     _, _, proxy_token = proxy_stack.mint(["docs/read"])
     with proxy_stack.client(proxy_token) as client:
         response = client.get(f"https://{DOCS}/docs/a", headers={"Host": TUN})
-    assert response.status_code == 400 and response.json()["error"] == "host_mismatch"
+    assert response.status_code == 400
+    assert response.json()["error"] == "host_mismatch"
 
 
 def test_placeholder_of_another_run(proxy_stack: ProxyStack) -> None:
@@ -144,7 +147,8 @@ def test_placeholder_of_another_run(proxy_stack: ProxyStack) -> None:
     _, _, proxy_token = proxy_stack.mint(["secure/read_items"])
     with proxy_stack.client(proxy_token) as client:
         response = client.get(f"https://{API}/v1/items", headers={"Authorization": f"Bearer {placeholder}"})
-    assert response.status_code == 403 and response.json()["error"] == "run_mismatch"
+    assert response.status_code == 403
+    assert response.json()["error"] == "run_mismatch"
 
 
 def test_connect_inside_a_terminated_tunnel(proxy_stack: ProxyStack) -> None:
@@ -179,3 +183,17 @@ def test_revoking_the_run_cuts_its_tunnel(proxy_stack: ProxyStack) -> None:
     tls.close()
     assert closed
     assert audit_for(proxy_stack, run, "CONNECT", "token_revoked")
+
+
+def test_selftest_proxy_check(proxy_stack: ProxyStack) -> None:
+    from valetkey import selftest_proxy
+
+    _, _, proxy_token = proxy_stack.mint(["docs/read"])
+    env = {"HTTPS_PROXY": proxy_stack.proxy_url(proxy_token)}
+    passed, evidence = selftest_proxy.check(env, "https://outside.example.test/", 5.0)
+    assert passed, evidence
+    assert "destination_not_allowed" in evidence[0]
+    assert "407" in evidence[1]
+    # a proxy that lets the outside host through fails the check
+    passed, evidence = selftest_proxy.check(env, f"https://{DOCS}/", 5.0)
+    assert not passed
