@@ -126,10 +126,10 @@ class Hub:
 
     def _upstream_gateway(self, upstream: Upstream) -> Gateway:
         s, base = self.settings.gateway, self.base
+        vault = VaultClient(s.vault_addr, s.vault_token or Secret(""))  # each store logs in on its own
         return Gateway(
-            settings=s, upstream=upstream, vault=VaultClient(s.vault_addr, s.vault_token or Secret("")),
-            redis=base.redis,
-            secrets=SecretStore(VaultClient(s.vault_addr, s.vault_token or Secret("")), upstream.secret,
+            settings=s, upstream=upstream, vault=vault, redis=base.redis,
+            secrets=SecretStore(vault, upstream.secret,
                                 role_id=s.approle_role_id, secret_id=s.approle_secret_id,
                                 secret_id_file=s.approle_secret_id_file, refresh=s.secret_refresh,
                                 max_stale=s.secret_max_stale),
@@ -225,7 +225,6 @@ class Hub:
             await gw.resolver.stop()
             await gw.client.aclose()
             await gw.vault.aclose()
-            await gw.secrets._vault.aclose()
         for gw, _ in self._hosts.values():
             await gw.client.aclose()
         await self.leaves.stop()

@@ -16,7 +16,7 @@ import asyncio
 import time
 from typing import Any
 
-from contract.errors import BadRequest, GatewayTimeout, Reason, UpstreamError, ValetkeyError
+from contract.errors import BadRequest, GatewayTimeout, Reason, TokenInvalid, UpstreamError
 from gateways.audit import AuditRecord
 from proxy.clienthello import server_name
 from proxy.connect import Admission
@@ -34,6 +34,7 @@ class _Side(asyncio.Protocol):
         self.done = done
         self.counter = counter  # [bytes read on this side]
         self.pending = bytearray()  # read before the peer existed (the hello)
+        self.eof = False
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -47,10 +48,14 @@ class _Side(asyncio.Protocol):
             self.pending += data
 
     def eof_received(self) -> bool:
-        if self.peer is not None and self.peer.transport is not None and self.peer.transport.can_write_eof():
-            self.peer.transport.write_eof()
-            return True  # half-close: the other direction may still be sending
-        return False
+        self.eof = True
+        peer = self.peer
+        if peer is None or peer.transport is None or peer.eof or not peer.transport.can_write_eof():
+            if not self.done.done():  # both directions have ended (or cannot half-close): done
+                self.done.set_result(None)
+            return False
+        peer.transport.write_eof()
+        return True  # half-close: the other direction may still be sending
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.done.done():
@@ -149,17 +154,16 @@ async def tunnel(hub: Hub, admission: Admission, client: asyncio.Transport, firs
         record.status = 200
         untrack = hub.base.revocations.track(admission.claims)
         try:
-            await done
+            async with asyncio.timeout(max(0.0, admission.claims.exp - time.time())):
+                await done
+        except TimeoutError:  # the run's token expired: so does its tunnel
+            raise TokenInvalid("the run's proxy credential expired while its tunnel was open",
+                               check="expired") from None
         finally:
             untrack()
-    except ValetkeyError:
-        raise
     finally:
         record.bytes_in, record.bytes_out = sent[0], received[0]
         client.close()
         if upstream is not None:
             upstream.close()
 
-
-def elapsed_ms(started: float) -> float:
-    return round((time.perf_counter() - started) * 1000, 3)
