@@ -26,8 +26,9 @@ from gateways.audit import AuditRecord
 from gateways.credentials import Headers
 from gateways.egress import PinnedTarget
 from gateways.gateway import Gateway
+from policies.hosts import is_ip_literal
 from proxy.hub import Hub
-from proxy.routes import Route, normal_host, route
+from proxy.routes import Route, route
 
 REALM = "valetkey proxy"
 CHALLENGE = f'Basic realm="{REALM}"'
@@ -102,7 +103,9 @@ def narrowed(claims: AccessClaims, name: str) -> AccessClaims:
 
 
 async def admit(hub: Hub, host: str, port: int, headers: Headers, record: AuditRecord) -> Admission:
-    host = normal_host(host)
+    if is_ip_literal(host):
+        raise Forbidden("destinations are named, never addressed: an IP literal is refused",
+                        Reason.DESTINATION_IP_LITERAL)
     token = credential(headers)
     verified = await verify(hub, token, record)
     target = route(hub.policies, host, port)  # after the credential: the allowlist is not for strangers

@@ -211,8 +211,8 @@ class Hub:
             await gw.resolver.start()
         # leaves for the names known now are minted before the first CONNECT, off the event loop
         names = [up.host for up in self.policies.upstreams.values() if up.scheme == "https"]
-        names += [d.host for d in self.policies.destinations.values()
-                  if d.tls is TlsMode.TERMINATE and not d.host.startswith("*.")]
+        names += [d.host.raw for d in self.policies.destinations.values()
+                  if d.tls is TlsMode.TERMINATE and not d.host.wildcard]
         for name in names:
             await asyncio.to_thread(self.leaves.context, name)
 

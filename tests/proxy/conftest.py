@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import dataclasses
 import socket
 import ssl
 import time
@@ -32,8 +31,7 @@ from contract.claims import AccessClaims, GrantClaim
 from contract.secret import Secret
 from contract.vault import VaultClient
 from policies.load import load_policy_dir
-from policies.model import Destination, PolicySet, Purpose, TlsMode
-from policies.templates import PathTemplate
+from policies.model import PolicySet
 from proxy.app import ProxyApp
 from proxy.protocol import ProxyProtocol
 from proxy.settings import ProxySettings, parse_connect_to
@@ -70,24 +68,61 @@ max_ttl: 1h
 max_grants: 16
 allow:
   secure: [read_items]
+  docs: [read]
+  tun: [connect]
+  meta: [read]
+  plain: [read]
 """
 
 
-def _purpose(name: str, methods: list[str], paths: list[str]) -> Purpose:
-    return Purpose(name=name, why=f"{name}.", methods=frozenset(methods),
-                   paths=tuple(PathTemplate.parse(p) for p in paths), params=())
-
-
-def destinations() -> dict[str, Destination]:
-    read = {"read": _purpose("read", ["GET"], ["/docs", "/docs/{page}"])}
-    return {
-        "docs": Destination("docs", "Read docs.", DOCS, (443,), TlsMode.TERMINATE, read, allow_private=True),
-        "tun": Destination("tun", "Tunnel.", TUN, (443,), TlsMode.TUNNEL, {}, allow_private=True),
-        "meta": Destination("meta", "Metadata behind a name.", META, (443,), TlsMode.TERMINATE, read,
-                            allow_private=True),
-        "plain": Destination("plain", "Plain http.", "plain.example.test", (80,), TlsMode.TERMINATE, read,
-                             allow_private=True),
-    }
+DESTINATIONS = f"""version: 1
+kind: destination
+name: docs
+why: Read docs.
+host: {DOCS}
+tls: terminate
+allow_private: true
+purposes:
+  read:
+    why: Read pages.
+    methods: [GET]
+    paths: [/docs, "/docs/{{page}}"]
+---
+version: 1
+kind: destination
+name: tun
+why: Tunnel.
+host: {TUN}
+tls: tunnel
+allow_private: true
+---
+version: 1
+kind: destination
+name: meta
+why: Metadata behind a name.
+host: {META}
+tls: terminate
+allow_private: true
+purposes:
+  read:
+    why: Read.
+    methods: [GET]
+    paths: [/docs]
+---
+version: 1
+kind: destination
+name: plain
+why: Plain http.
+host: plain.example.test
+ports: [80]
+tls: terminate
+allow_private: true
+purposes:
+  read:
+    why: Read pages.
+    methods: [GET]
+    paths: [/docs, "/docs/{{page}}"]
+"""
 
 
 @dataclass
@@ -148,6 +183,7 @@ def proxy_stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFact
         policy_dir = tmp_path_factory.mktemp("proxy-policies")
         (policy_dir / "secure.yaml").write_text(UPSTREAM)
         (policy_dir / "tester.yaml").write_text(RUNTIME)
+        (policy_dir / "destinations.yaml").write_text(DESTINATIONS)
         policies = load_policy_dir(policy_dir)
         dev = DevVault.create(bao.addr, bao.root_token, policies)
         certs = tmp_path_factory.mktemp("proxy-certs")
@@ -177,7 +213,6 @@ def proxy_stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFact
         servers.append(plain_server.start())
         resolve.append(f"plain.example.test:80=127.0.0.1:{plain_server.port}")
         resolve.append(f"{META}:443=169.254.169.254:443")
-        policies = dataclasses.replace(policies, destinations=MappingProxyType(destinations()))
         broker = ThreadedServer(create_app(BrokerSettings.from_env({
             "VAULT_ADDR": dev.addr, "VAULT_TOKEN": dev.broker_token, "VALETKEY_REDIS_URL": redis_server.url,
             "VALETKEY_POLICY_DIR": str(policy_dir), "VALETKEY_ISSUER": ISSUER}), policies)).start()
