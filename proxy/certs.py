@@ -107,6 +107,10 @@ class LeafCerts:
             self._cache.popitem(last=False)
         return context
 
+    @property
+    def loaded(self) -> bool:
+        return self._ca_cert is not None
+
     def cached(self, host: str) -> bool:
         return host in self._cache
 

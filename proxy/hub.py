@@ -19,7 +19,7 @@ import logging
 import socket
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from contract.secret import Secret
 from contract.vault import VaultClient
@@ -192,6 +192,14 @@ class Hub:
             gw.share_forms(self._forms)
         return gw
 
+    def readiness(self) -> dict[str, bool]:
+        """What ``/.valetkey/readyz`` reports: each part the request path relies on, fresh."""
+        checks = {"ca": self.leaves.loaded, "jwks": self.base.keys.fresh,
+                  "revocations": self.base.revocations.fresh}
+        for name, gw in self.upstreams.items():
+            checks[f"upstream:{name}"] = _ok(gw.secrets.current) and _ok(gw.resolver.current)
+        return checks
+
     async def _read_ca(self) -> tuple[bytes, bytes]:
         """The CA certificate and key, with the proxy's identity (the base store logs in first)."""
         await self.base.secrets.load()  # reads the CA's ``cert`` field, logging in when due
@@ -240,3 +248,11 @@ def _proxy_upstream(settings: ProxySettings) -> Upstream:
         injection=Injection(Placement.HEADER, header="proxy-authorization", format="Basic {secret}"),
         env=SandboxEnv(placeholder="", base_url=""), purposes={},
     )
+
+
+def _ok(check: Callable[[], object]) -> bool:
+    try:
+        check()
+    except Exception:
+        return False
+    return True

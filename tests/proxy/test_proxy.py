@@ -197,3 +197,12 @@ def test_selftest_proxy_check(proxy_stack: ProxyStack) -> None:
     # a proxy that lets the outside host through fails the check
     passed, evidence = selftest_proxy.check(env, f"https://{DOCS}/", 5.0)
     assert not passed
+
+
+def test_probes_on_the_proxy_listener(proxy_stack: ProxyStack) -> None:
+    base = f"http://127.0.0.1:{proxy_stack.proxy_port}/.valetkey"
+    assert httpx.get(f"{base}/healthz").json() == {"status": "ok"}
+    ready = httpx.get(f"{base}/readyz")
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["checks"]["upstream:secure"] is True
+    assert httpx.get(f"{base}/metrics").status_code == 404
