@@ -206,3 +206,31 @@ def test_probes_on_the_proxy_listener(proxy_stack: ProxyStack) -> None:
     assert ready.status_code == 200, ready.text
     assert ready.json()["checks"]["upstream:secure"] is True
     assert httpx.get(f"{base}/metrics").status_code == 404
+
+
+def test_knocking_outside_the_allowlist_alerts_and_revokes(proxy_stack: ProxyStack) -> None:
+    run, _, proxy_token = proxy_stack.mint(["docs/read"])
+    for i in range(10):  # the default denial burst: 10 in 60 s, revoked automatically
+        sock, head = connect_raw(proxy_stack, f"host{i}.outside.test:443",
+                                 {"Proxy-Authorization": basic(proxy_token)})
+        sock.close()
+        assert json_body(head)["error"] == "destination_not_allowed"
+    client = redis.Redis.from_url(proxy_stack.redis_url)
+    try:
+        kinds: set[str] = set()
+        for _ in range(100):
+            kinds = {json.loads(f[b"line"]).get("alert", "") for _, f in client.xrange("valetkey:alerts")
+                     if json.loads(f[b"line"]).get("run") == run}
+            if {"denial_burst", "probing"} <= kinds:
+                break
+            time.sleep(0.05)
+    finally:
+        client.close()
+    assert {"denial_burst", "probing"} <= kinds
+    for _ in range(50):
+        sock, head = connect_raw(proxy_stack, f"{DOCS}:443", {"Proxy-Authorization": basic(proxy_token)})
+        sock.close()
+        if json_body(head).get("error") == "token_revoked":
+            break
+        time.sleep(0.1)
+    assert json_body(head)["error"] == "token_revoked"
