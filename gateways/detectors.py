@@ -50,7 +50,8 @@ PROBE_REASONS = frozenset({"purpose_not_granted", "audience_mismatch", "method_r
                            "absolute_form_target", "token_revoked",
                            # the egress proxy: knocking on hosts, ports and names outside the allowlist
                            "destination_not_allowed", "destination_port_not_allowed",
-                           "destination_ip_literal", "sni_missing", "sni_mismatch", "host_mismatch", "run_mismatch"})
+                           "destination_ip_literal", "sni_missing", "sni_mismatch", "host_mismatch",
+                           "run_mismatch"})
 
 # KEYS[1] window set; ARGV: member, window_ms → number of members inside the window
 _WINDOW = """
