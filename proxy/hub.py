@@ -22,14 +22,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from contract.secret import Secret
-from contract.vault import VaultClient
 from contract.verify import TokenVerifier
-from gateways.budget import Budgets
-from gateways.egress import AddrInfo, PinnedResolver, Resolver
+from gateways.egress import AddrInfo, Resolver
 from gateways.gateway import Gateway
-from gateways.runslots import RunSlots
 from gateways.secret_store import SecretStore
-from gateways.upstream import UpstreamClient
 from policies.model import Injection, Placement, PolicySet, SandboxEnv, SecretRef, TlsMode, Upstream
 from proxy.certs import LeafCerts
 from proxy.routes import Route
@@ -125,26 +121,8 @@ class Hub:
         return target[1] if target else None
 
     def _upstream_gateway(self, upstream: Upstream) -> Gateway:
-        s, base = self.settings.gateway, self.base
-        vault = VaultClient(s.vault_addr, s.vault_token or Secret(""))  # each store logs in on its own
-        return Gateway(
-            settings=s, upstream=upstream, vault=vault, redis=base.redis,
-            secrets=SecretStore(vault, upstream.secret,
-                                role_id=s.approle_role_id, secret_id=s.approle_secret_id,
-                                secret_id_file=s.approle_secret_id_file, refresh=s.secret_refresh,
-                                max_stale=s.secret_max_stale),
-            resolver=PinnedResolver(upstream.host, upstream.port, upstream.allow_private,
-                                    resolver=self.resolver),
-            keys=base.keys,
-            verifier=TokenVerifier(issuer=s.issuer, audience=upstream.name, keys=base.keys,
-                                   run_check=base.revocations.run_check, leeway=s.token_leeway),
-            client=UpstreamClient(upstream, connect=s.connect_timeout, read=s.read_timeout,
-                                  max_connections=s.upstream_max_connections, ca_file=s.upstream_ca_file,
-                                  dial_port=self._dial_port(upstream.host, upstream.port)),
-            audit=base.audit, metrics=base.metrics, http=base.http, revocations=base.revocations,
-            budgets=Budgets(base.redis, upstream), slots=RunSlots(upstream.run_limits.concurrent),
-            detectors=base.detectors, webhook=base.webhook,
-        )
+        return Gateway.build(self.settings.gateway, upstream, self.resolver, shared=self.base,
+                             dial_port=self._dial_port(upstream.host, upstream.port))
 
     async def gateway(self, route: Route) -> Gateway:
         """The gateway for a route, its address checked by the egress guard and fresh
@@ -168,21 +146,13 @@ class Hub:
         return gw
 
     async def _destination_gateway(self, route: Route) -> Gateway:
-        s, base = self.settings.gateway, self.base
-        upstream = destination_upstream(route)
         dest = route.destination
-        ca_file = (dest.ca_file if dest is not None and dest.ca_file else None) or s.upstream_ca_file
-        gw = Gateway(
-            settings=s, upstream=upstream, vault=base.vault, redis=base.redis, secrets=self.held,
-            resolver=PinnedResolver(route.host, route.port, upstream.allow_private, resolver=self.resolver),
-            keys=base.keys, verifier=self.verifier,
-            client=UpstreamClient(upstream, connect=s.connect_timeout, read=s.read_timeout,
-                                  max_connections=s.upstream_max_connections, ca_file=ca_file,
-                                  dial_port=self._dial_port(route.host, route.port)),
-            audit=base.audit, metrics=base.metrics, http=base.http, revocations=base.revocations,
-            budgets=Budgets(base.redis, upstream), slots=RunSlots(upstream.run_limits.concurrent),
-            detectors=base.detectors, webhook=base.webhook,
-        )
+        gw = Gateway.build(self.settings.gateway, destination_upstream(route), self.resolver,
+                           shared=self.base, dial_port=self._dial_port(route.host, route.port),
+                           ca_file=dest.ca_file if dest is not None and dest.ca_file else None)
+        # no secret of its own: it scans and redacts with the proxy's, and its run is the proxy token's
+        await gw.vault.aclose()
+        gw.secrets, gw.verifier = self.held, self.verifier
         # every destination host scans and redacts with the same secrets: compiled once
         if self._forms is None or not self._forms.redactor_is_current():
             await asyncio.to_thread(gw.redactor)
