@@ -54,6 +54,8 @@ class Reason(StrEnum):
     TTL_TOO_LONG = "ttl_too_long"
     TOO_MANY_GRANTS = "too_many_grants"
     DUPLICATE_GRANT = "duplicate_grant"
+    TOKEN_TOO_LARGE = "token_too_large"  # noqa: S105 - the grants would not fit MAX_TOKEN_BYTES
+    PROXY_CA_UNAVAILABLE = "proxy_ca_unavailable"  # broker/proxy_trust.py: no CA for the bundle yet
     # tokens
     INVALID_TOKEN = "invalid_token"  # noqa: S105 - a reason code, not a secret
     AUDIENCE_MISMATCH = "audience_mismatch"

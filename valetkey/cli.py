@@ -13,6 +13,7 @@ from valetkey.broker_cli import broker_group, keys_group, run_group
 from valetkey.cli_support import CONTEXT
 from valetkey.dev.stack import dev_command
 from valetkey.gateway_cli import gateway_group
+from valetkey.proxy_cli import proxy_group
 from valetkey.secret_cli import secret_group
 from valetkey.selftest import selftest_command
 
@@ -114,7 +115,7 @@ def vault_bootstrap(policy_dir: Path | None, hcl_dir: Path | None) -> None:
         click.echo(line)
 
 
-for command in (broker_group, run_group, keys_group, gateway_group, secret_group, dev_command,
+for command in (broker_group, run_group, keys_group, gateway_group, proxy_group, secret_group, dev_command,
                 selftest_command, *ADMIN_COMMANDS):
     main.add_command(command)
 
