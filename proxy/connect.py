@@ -110,6 +110,10 @@ async def admit(hub: Hub, host: str, port: int, headers: Headers, record: AuditR
     verified = await verify(hub, token, record)
     target = route(hub.policies, host, port)  # after the credential: the allowlist is not for strangers
     record.upstream = target.name
+    try:
+        hub.base.revocations.check(verified, target.name)  # a destination revoked by name
+    except TokenInvalid as exc:  # the run is fine; this host is closed to it
+        raise Forbidden(f"{target.name} is revoked: {exc.detail}", Reason.TOKEN_REVOKED) from None
     claims = narrowed(verified, target.name)
     if not claims.grants:
         raise Forbidden(f"this run holds no purpose at {target.name}", Reason.PURPOSE_NOT_GRANTED)

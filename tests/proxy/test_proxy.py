@@ -3,6 +3,7 @@ upstream connections, tunnels checked by SNI, terminated tunnels on the gateway 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import ssl
@@ -234,3 +235,27 @@ def test_knocking_outside_the_allowlist_alerts_and_revokes(proxy_stack: ProxySta
             break
         time.sleep(0.1)
     assert json_body(head)["error"] == "token_revoked"
+
+
+def test_revoking_a_destination_by_name(proxy_stack: ProxyStack) -> None:
+    _, _, proxy_token = proxy_stack.mint(["tun/connect", "docs/read"])
+    sock, head = connect_raw(proxy_stack, f"{TUN}:443", {"Proxy-Authorization": basic(proxy_token)})
+    assert head.startswith(b"HTTP/1.1 200"), head
+    context = ssl.create_default_context(cafile=str(proxy_stack.upstream_ca))
+    tls = context.wrap_socket(sock, server_hostname=TUN)
+    admin = {"X-Vault-Token": proxy_stack.vault.admin_token}
+    httpx.post(f"{proxy_stack.broker_url}/v1/revocations", headers=admin,
+               json={"scope": "upstream", "name": "tun", "reason": "test"}).raise_for_status()
+    try:
+        tls.settimeout(5)
+        with contextlib.suppress(ssl.SSLError, OSError):
+            assert tls.recv(1) == b""  # the open tunnel is cut
+        sock2, head2 = connect_raw(proxy_stack, f"{TUN}:443", {"Proxy-Authorization": basic(proxy_token)})
+        sock2.close()
+        assert head2.startswith(b"HTTP/1.1 403"), head2
+        assert json_body(head2)["error"] == "token_revoked"
+        with proxy_stack.client(proxy_token) as client:  # the run's other destinations still work
+            assert client.get(f"https://{DOCS}/docs/a").status_code == 200
+    finally:
+        tls.close()
+        httpx.delete(f"{proxy_stack.broker_url}/v1/revocations/upstream/tun", headers=admin).raise_for_status()
