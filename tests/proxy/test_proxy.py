@@ -259,3 +259,36 @@ def test_revoking_a_destination_by_name(proxy_stack: ProxyStack) -> None:
     finally:
         tls.close()
         httpx.delete(f"{proxy_stack.broker_url}/v1/revocations/upstream/tun", headers=admin).raise_for_status()
+
+
+def test_ca_rotation_staged_then_signing(proxy_stack: ProxyStack, tmp_path: Any) -> None:
+    """Bundles trust a staged CA at once; the proxy signs with it only from its active_from on.
+    Runs in the shared stack last (test order): it leaves the new CA signing, trusted by proxy_ca."""
+    from contract.ca import CA_PUBLIC_PATH, cert_pem, load_certs
+    from valetkey.bootstrap import open_client
+    from valetkey.proxy_bootstrap import rotate_ca
+
+    _, _, proxy_token = proxy_stack.mint(["docs/read"])
+    old = proxy_stack.proxy_ca.read_text()
+    with open_client(proxy_stack.vault.addr, proxy_stack.vault.admin_token) as admin:
+        rotate_ca(admin, overlap=3)
+        both = admin.secrets.kv.v2.read_secret_version(path=CA_PUBLIC_PATH, mount_point="secret",
+                                                       raise_on_deleted_version=True)["data"]["data"]["certs"]
+    new_only = tmp_path / "new.pem"
+    new_only.write_text("".join(cert_pem(c) for c in load_certs(both)[1:]))
+
+    def issuer_trusted(cafile: str) -> bool:
+        sock, _ = connect_raw(proxy_stack, f"{DOCS}:443", {"Proxy-Authorization": basic(proxy_token)})
+        try:
+            with ssl.create_default_context(cafile=cafile).wrap_socket(sock, server_hostname=DOCS):
+                return True
+        except ssl.SSLError:
+            return False
+
+    time.sleep(1.5)  # a CA refresh: still the old CA signing
+    assert issuer_trusted(str(proxy_stack.proxy_ca))
+    assert not issuer_trusted(str(new_only))
+    time.sleep(4)  # past active_from and one more refresh: the new CA signs
+    assert issuer_trusted(str(new_only))
+    proxy_stack.proxy_ca.write_text(both)  # what a bundle minted after the rotation carries
+    assert old in both
