@@ -1,9 +1,9 @@
 """Deciding a CONNECT (and a plain-http request's target): who asks, for which host, granted or not.
 
     await admit(hub, host, port, headers, record) -> Admission    the steps, in order:
-        target      a DNS name                     destination_ip_literal, invalid_request
         credential  Proxy-Authorization Basic      missing_token, invalid_token, token_revoked,
                     (password = the run token)     audience_mismatch, revocation_state_stale… (407)
+        target      a DNS name                     destination_ip_literal
         route       a destination names host:port  destination_not_allowed, destination_port_not_allowed
                     (asked only for a verified run: the allowlist is not shown to strangers)
         grant       the run holds a purpose there  purpose_not_granted
@@ -103,11 +103,11 @@ def narrowed(claims: AccessClaims, name: str) -> AccessClaims:
 
 
 async def admit(hub: Hub, host: str, port: int, headers: Headers, record: AuditRecord) -> Admission:
+    token = credential(headers)
+    verified = await verify(hub, token, record)
     if is_ip_literal(host):
         raise Forbidden("destinations are named, never addressed: an IP literal is refused",
                         Reason.DESTINATION_IP_LITERAL)
-    token = credential(headers)
-    verified = await verify(hub, token, record)
     target = route(hub.policies, host, port)  # after the credential: the allowlist is not for strangers
     record.upstream = target.name
     try:
