@@ -119,5 +119,6 @@ async def admit(hub: Hub, host: str, port: int, headers: Headers, record: AuditR
         raise Forbidden(f"this run holds no purpose at {target.name}", Reason.PURPOSE_NOT_GRANTED)
     gateway = await hub.gateway(target)
     pinned = gateway.resolver.current()
-    record.upstream_addr = f"{pinned.address}:{target.port}"
+    dial = hub.settings.connect_to.get((target.host, target.port))
+    record.upstream_addr = f"{pinned.address}:{dial[1] if dial else target.port}"
     return Admission(target, token, claims, gateway, pinned, hub.verifier)

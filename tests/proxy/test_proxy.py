@@ -153,7 +153,7 @@ def test_placeholder_of_another_run(proxy_stack: ProxyStack) -> None:
 
 
 def test_connect_inside_a_terminated_tunnel(proxy_stack: ProxyStack) -> None:
-    _, _, proxy_token = proxy_stack.mint(["docs/read", "tun/connect"])
+    run, _, proxy_token = proxy_stack.mint(["docs/read", "tun/connect"])
     sock, head = connect_raw(proxy_stack, f"{DOCS}:443", {"Proxy-Authorization": basic(proxy_token)})
     assert head.startswith(b"HTTP/1.1 200"), head
     context = ssl.create_default_context(cafile=str(proxy_stack.proxy_ca))
@@ -162,6 +162,7 @@ def test_connect_inside_a_terminated_tunnel(proxy_stack: ProxyStack) -> None:
         answer = tls.recv(65536)
     assert answer.startswith(b"HTTP/1.1 405"), answer
     assert b"method_refused" in answer
+    assert audit_for(proxy_stack, run, "CONNECT", "method_refused")  # audited with the tunnel's run
 
 
 def test_revoking_the_run_cuts_its_tunnel(proxy_stack: ProxyStack) -> None:
