@@ -282,3 +282,30 @@ def test_run_create_writes_bundle_files(brokers: dict[str, Broker], tmp_path: Pa
     lines = dict(line.split("=", 1) for line in result.stdout.splitlines())
     assert {lines[v] for v in CA_VARS} == {str(written.resolve())}
     assert lines["HTTPS_PROXY"].startswith("http://run:")
+
+
+def test_coding_agent_at_max_grants_with_longest_github_names_fits() -> None:
+    """8 grants (its max_grants), GitHub's longest owner (39) and repo (100) names: every token,
+    the proxy token with all 8 grants included, stays under MAX_TOKEN_BYTES."""
+    from broker.grants import parse_run_request
+    from policies.load import SHIPPED_POLICY_DIR, load_policy_dir
+
+    policies = load_policy_dir(SHIPPED_POLICY_DIR)
+    runtime = policies.runtimes["coding-agent"]
+    repo = {"owner": "o" * 39, "repo": "r" * 100}
+    grants = [{"upstream": "github", "purpose": p, "params": repo}
+              for p in ("read_repo", "read_issues", "open_pull_request")]
+    grants += [{"upstream": "github-git", "purpose": p, "params": repo} for p in ("clone", "push")]
+    grants += [codeload(**repo), PYPI, {**DOCS}]
+    assert len(grants) == runtime.max_grants
+    request = parse_run_request({"grants": grants}, runtime, policies, 900, proxy=True)
+    claims = run_claims(request=request, policies=policies, proxy=broker_settings_for_size().proxy,
+                        issuer="http://valetkey-broker.example.internal:8400", run_id="run_" + "x" * 22,
+                        runtime="coding-agent", now=1_900_000_000, key_name="valetkey-tokens")
+
+    from contract.claims import token_bytes
+
+    sizes = [token_bytes(c, "valetkey-tokens") for c in claims.all()]
+    assert max(sizes) <= MAX_TOKEN_BYTES
+    assert claims.proxy is not None
+    assert len(claims.proxy.grants) == 8
