@@ -236,7 +236,8 @@ class RunCredentials(Generic[F]):
                 self.end_run(key)  # the reaper: a run that expired, or whose end we did not hear
                 continue
             lifetime = held.credential.expires_at - held.issued_at
-            if held.credential.expires_at - now > max(MIN_AHEAD, lifetime * self._ahead):
+            ahead = min(max(MIN_AHEAD, lifetime * self._ahead), lifetime / 2)  # short-lived: at half
+            if held.credential.expires_at - now > ahead:
                 continue
             if key in self._pending:
                 continue

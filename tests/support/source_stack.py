@@ -94,9 +94,11 @@ def source_stack(policy_dir: Path, redis: RedisServer, prepare: Callable[[DevVau
         prepare(vault)
         broker_port = free_port()
         broker_url = ISSUER_PATH.format(port=broker_port)
+        ports = {name: free_port() for name in policies.upstreams}
         settings = BrokerSettings.from_env({
             "VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.broker_token, "VALETKEY_REDIS_URL": redis.url,
             "VALETKEY_POLICY_DIR": str(policy_dir), "VALETKEY_ISSUER": broker_url,
+            "VALETKEY_GATEWAY_URLS": ",".join(f"{n}=http://127.0.0.1:{p}" for n, p in ports.items()),
         })
         broker = ThreadedServer(create_app(settings, policies), port=broker_port)
         stack = SourceStack(vault, policies, broker_url, redis.url)
@@ -107,7 +109,7 @@ def source_stack(policy_dir: Path, redis: RedisServer, prepare: Callable[[DevVau
                        "VALETKEY_REDIS_URL": redis.url, "VALETKEY_BROKER_URL": broker_url,
                        "VALETKEY_ISSUER": broker_url, "VALETKEY_READ_TIMEOUT": "20s", **(gateway_env or {})}
                 app = GatewayApp(GatewaySettings.from_env(name, env), policies.upstreams[name])
-                stack.gateways[name] = ThreadedServer(app, http=GatewayProtocol).start()
+                stack.gateways[name] = ThreadedServer(app, port=ports[name], http=GatewayProtocol).start()
             yield stack
         finally:
             for gateway in stack.gateways.values():
