@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from prometheus_client import Counter
@@ -46,7 +46,7 @@ class Held(Generic[F]):
     claims: AccessClaims
     credential: IssuedCredential
     issued_at: float
-    forms: F
+    forms: F = field(repr=False)  # built from the values: never printed
 
 
 class RunCredentials(Generic[F]):
