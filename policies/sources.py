@@ -119,5 +119,8 @@ def vault_access(source: CredentialSource, secret: SecretRef | None) -> tuple[tu
         if source.refresh_token is not None:  # a rotated refresh token is written back
             paths.append((source.refresh_token.api_path, '["read", "create", "update"]'))
         return tuple(paths)
-    return (*((f"{source.mount}/creds/{role}", '["read"]') for role in sorted(set(source.roles.values()))),
-            ("sys/leases/renew", '["update"]'), ("sys/leases/revoke", '["update"]'))
+    # only its own roles' leases (a bare sys/leases/revoke would let it revoke any lease)
+    return tuple(path for role in sorted(set(source.roles.values())) for path in (
+        (f"{source.mount}/creds/{role}", '["read"]'),
+        (f"sys/leases/renew/{source.mount}/creds/{role}/*", '["update"]'),
+        (f"sys/leases/revoke/{source.mount}/creds/{role}/*", '["update"]')))
