@@ -128,6 +128,7 @@ def test_openai_sdk_across_refreshes(demo: Demo, upstream: str, tmp_path: Path) 
         wait_for(lambda: demo.kv_refresh_token() in {t.refresh_token for t in live})
 
 
+@pytest.mark.slow  # waits for the next refresh (up to half a 10 s token, plus its forms)
 def test_expired_early_is_refreshed_once_and_retried(demo: Demo) -> None:
     stack = demo.stack
     bundle = stack.mint([{"upstream": "oaicc", "purpose": "list_models", "params": {}}])
