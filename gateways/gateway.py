@@ -33,6 +33,10 @@ from gateways.revocation_watcher import RevocationWatcher
 from gateways.runslots import RunSlots
 from gateways.secret_store import SecretStore
 from gateways.settings import GatewaySettings
+from gateways.sources import build_source
+from gateways.sources.cache import RunCredentials
+from gateways.sources.metrics import SourceMetrics
+from gateways.sources.prewarm import Prewarm
 from gateways.upstream import UpstreamClient
 from policies.model import Alerting, Injection, Placement, Upstream
 
@@ -74,6 +78,8 @@ class Gateway:
     slots: RunSlots
     detectors: Detectors
     webhook: WebhookSender
+    credentials: RunCredentials[Redactor] | None = None  # a run-scoped credential source's cache
+    prewarm: Prewarm | None = None  # issues a new run's credential when the broker creates it
     _scanner: tuple[int, CredentialScanner] | None = field(default=None, repr=False)
     _metrics_server: tuple[Any, Any] | None = field(default=None, repr=False)
     _redactor: tuple[int, Redactor] | None = field(default=None, repr=False)
@@ -106,6 +112,11 @@ class Gateway:
             extra = [f for v in values for f in injected_forms(self.upstream.injection, v)]
             current = self._redactor = (self.secrets.version, Redactor(values, extra))
         return current[1]
+
+    def forms(self, values: tuple[Secret, ...]) -> Redactor:
+        """The redactor of one issued credential (and the value it replaced): built in a thread."""
+        raw = [v.reveal().encode() for v in values]
+        return Redactor(raw, [f for v in raw for f in injected_forms(self.upstream.injection, v)])
 
     @classmethod
     def build(cls, settings: GatewaySettings, upstream: Upstream, resolver: Resolver | None = None,
@@ -140,7 +151,7 @@ class Gateway:
                           settings.audit_buffer)
         detectors = Detectors(redis, policy, webhook, settings.audit_maxlen)
         audit.observer = detectors.observe
-        return cls(
+        gateway = cls(
             settings=settings, upstream=upstream, vault=vault, redis=redis,
             secrets=SecretStore(vault, upstream.secret, role_id=settings.approle_role_id,
                                 secret_id=settings.approle_secret_id,
@@ -159,12 +170,28 @@ class Gateway:
             budgets=Budgets(redis, upstream), slots=RunSlots(upstream.run_limits.concurrent),
             detectors=detectors, webhook=webhook,
         )
+        gateway.attach_source()
+        return gateway
+
+    def attach_source(self, ca_file: str | None = None) -> None:
+        """The run-scoped credential source the upstream's policy names (none for ``kv``)."""
+        ca = ca_file or self.settings.upstream_ca_file
+        upstream_tls: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca) if ca else True
+        source = build_source(self.upstream, self.vault, upstream_tls)
+        if source is None:
+            return
+        credentials = RunCredentials(source, self.upstream.name, SourceMetrics(self.metrics.registry),
+                                     self.forms)
+        credentials.revoked = self.revocations.revoked
+        self.revocations.listeners.append(lambda record: credentials.end_runs(record.covers))
+        self.credentials = credentials
+        self.prewarm = Prewarm(self.redis, credentials, self.upstream.name)
 
     @classmethod
     def _beside(cls, shared: Gateway, settings: GatewaySettings, upstream: Upstream,
                 resolver: Resolver | None, dial_port: int | None, ca_file: str | None) -> Gateway:
         vault = VaultClient(settings.vault_addr, settings.vault_token or Secret(""))  # its own login
-        return cls(
+        gateway = cls(
             settings=settings, upstream=upstream, vault=vault, redis=shared.redis,
             secrets=SecretStore(vault, upstream.secret, role_id=settings.approle_role_id,
                                 secret_id=settings.approle_secret_id,
@@ -181,12 +208,30 @@ class Gateway:
             budgets=Budgets(shared.redis, upstream), slots=RunSlots(upstream.run_limits.concurrent),
             detectors=shared.detectors, webhook=shared.webhook,
         )
+        gateway.attach_source(ca_file)
+        return gateway
 
     async def start(self) -> None:
         await self.start_shared()
+        await self.start_own()
+
+    async def start_own(self) -> None:
+        """What is this upstream's alone: its secret (or credential source), forms, address."""
         await self.secrets.start()
+        if self.credentials is not None:
+            await self.credentials.start()
+        if self.prewarm is not None:
+            await self.prewarm.start()
         await asyncio.to_thread(self.redactor)  # compile the forms now, not on the first request
         await self.resolver.start()
+
+    async def stop_own(self) -> None:
+        if self.prewarm is not None:
+            await self.prewarm.stop()
+        if self.credentials is not None:
+            await self.credentials.stop()
+        await self.secrets.stop()
+        await self.resolver.stop()
 
     async def start_shared(self, upstreams: int = 1) -> None:
         """The parts every upstream of a process can share (the egress proxy runs many on one):
@@ -212,8 +257,7 @@ class Gateway:
         await self.audit.stop()
         await self.webhook.stop()
         await self.revocations.stop()
-        await self.secrets.stop()
-        await self.resolver.stop()
+        await self.stop_own()
         await self.keys.stop()
         await self.client.aclose()
         await self.http.aclose()

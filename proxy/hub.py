@@ -177,9 +177,9 @@ class Hub:
         with the proxy's identity (the base store logs in first, reading ``ca-public``'s certs)."""
         mount = self.settings.ca_mount
         await self.base.secrets.load()  # ca-public's ``certs``: logs in when due
-        public = await self.base.vault.kv_fields(mount, CA_PUBLIC_PATH)
+        public, _ = await self.base.vault.kv_read_fields(mount, CA_PUBLIC_PATH)
         slots = {"slots": public["slots"].reveal()} if "slots" in public else {}
-        ca = await self.base.vault.kv_fields(mount, signing_slot(slots, time.time()))
+        ca, _ = await self.base.vault.kv_read_fields(mount, signing_slot(slots, time.time()))
         if "cert" not in ca or "key" not in ca:
             raise Unavailable("the signing CA slot has no cert and key", Reason.PROXY_CA_UNAVAILABLE)
         return ca["cert"].reveal().encode(), ca["key"].reveal().encode()
@@ -192,9 +192,7 @@ class Hub:
         await self.base.start_shared(upstreams=1 + len(self.upstreams))  # the proxy's entry dials nothing
         await self.leaves.start()
         for gw in self.upstreams.values():
-            await gw.secrets.start()
-            await asyncio.to_thread(gw.redactor)
-            await gw.resolver.start()
+            await gw.start_own()  # its secret or run-scoped credential source, forms, address
         # leaves for the names known now are minted before the first CONNECT, off the event loop
         names = [up.host for up in self.policies.upstreams.values() if up.scheme == "https"]
         names += [d.host.raw for d in self.policies.destinations.values()
@@ -207,8 +205,7 @@ class Hub:
             task.cancel()
         await asyncio.gather(*self.tunnels, return_exceptions=True)
         for gw in self.upstreams.values():
-            await gw.secrets.stop()
-            await gw.resolver.stop()
+            await gw.stop_own()
             await gw.client.aclose()
             await gw.vault.aclose()
         for gw, _ in self._hosts.values():

@@ -36,6 +36,7 @@ from contract.ca import (
 )
 from contract.errors import BadRequest
 from policies.model import PolicySet
+from policies.sources import vault_access
 
 PROXY_POLICY = "valetkey-proxy"
 PROXY_ROLE = "valetkey-proxy"
@@ -52,9 +53,15 @@ def ca_paths(kv_mount: str) -> dict[str, str]:
 
 
 def proxy_rules(policies: PolicySet) -> str:
-    """One read rule per distinct upstream secret path, sorted (a stable policy text)."""
-    paths = sorted({u.secret.api_path for u in policies.upstreams.values()})
-    return "".join(f'path "{p}" {{\n  capabilities = ["read"]\n}}\n' for p in paths)
+    """What every upstream's gateway may do, since the proxy runs each one's pipeline: its KV
+    secret, or what its credential source needs (``policies.sources.vault_access``). One rule per
+    path, capabilities joined, sorted (a stable policy text)."""
+    rules: dict[str, set[str]] = {}
+    for up in policies.upstreams.values():
+        for path, caps in vault_access(up.credential_source, up.secret):
+            rules.setdefault(path, set()).update(c.strip(' "') for c in caps.strip("[]").split(","))
+    return "".join(f'path "{path}" {{\n  capabilities = {json.dumps(sorted(caps))}\n}}\n'
+                   for path, caps in sorted(rules.items()))
 
 
 def _read(client: Any, mount: str, path: str) -> dict[str, Any] | None:
