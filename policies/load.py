@@ -1,6 +1,7 @@
 """Load policy YAML into validated objects, reporting every problem with file, rule and fix.
 
-Each YAML document has ``version: 1`` and ``kind: upstream`` or ``kind: runtime``. A directory is
+Each YAML document has ``version: 1`` and ``kind: upstream``, ``runtime``, ``alerts`` or
+``enterprise`` (the deny list and approver groups, ``policies/enterprise_doc.py``). A directory is
 read recursively (``*.yaml``/``*.yml``, several documents per file allowed). Unknown keys are
 errors. Nothing half-valid is returned: any error raises ``PolicyLoadError`` listing all of them.
 """
@@ -13,10 +14,11 @@ from typing import Any
 
 import yaml
 
+import policies.enterprise_doc as enterprise_doc
 import policies.runtime_doc as runtime_doc
 import policies.upstream_doc as upstream_doc
 from policies.alerts_doc import alerts
-from policies.model import POLICY_VERSION, Alerting, PolicySet, Runtime, Upstream
+from policies.model import POLICY_VERSION, Alerting, Enterprise, PolicySet, Runtime, Upstream
 from policies.report import Problem, Report
 
 SHIPPED_POLICY_DIR = Path(__file__).resolve().parent
@@ -81,6 +83,7 @@ def load_policy_files(files: list[Path]) -> PolicySet:
     upstreams: dict[str, Upstream] = {}
     runtimes: dict[str, Runtime] = {}
     alerting: list[Alerting] = []
+    enterprises: list[Enterprise] = []
     for path in files:
         for index, doc in _documents(path, problems):
             report = Report(str(path), problems)
@@ -106,17 +109,27 @@ def load_policy_files(files: list[Path]) -> PolicySet:
                                "keep one alerts document per policy directory")
                 elif found is not None:
                     alerting.append(found)
+            elif kind == "enterprise":
+                ent = enterprise_doc.enterprise(doc, report)
+                if ent is not None and enterprises:
+                    first = enterprises[0].source
+                    report.add("enterprise", f"a second enterprise document (first in {first})",
+                               "keep one enterprise document (deny list, approvers) per policy directory")
+                elif ent is not None:
+                    enterprises.append(ent)
             else:
                 report.add(
                     f"{where} kind", f"kind is {kind!r}",
-                    "set `kind: upstream`, `kind: runtime` or `kind: alerts`",
+                    "set `kind: upstream`, `kind: runtime`, `kind: alerts` or `kind: enterprise`",
                 )
+    ent = enterprises[0] if enterprises else Enterprise()
     if not problems:
         runtime_doc.cross_references(upstreams, runtimes, problems)
+        enterprise_doc.cross_references(ent, upstreams, runtimes, problems)
     if problems:
         raise PolicyLoadError(problems)
     return PolicySet(upstreams=MappingProxyType(upstreams), runtimes=MappingProxyType(runtimes),
-                     alerting=alerting[0] if alerting else Alerting())
+                     alerting=alerting[0] if alerting else Alerting(), enterprise=ent)
 
 
 def _version_ok(doc: dict[Any, Any], where: str, report: Report) -> bool:
