@@ -52,6 +52,10 @@ async def end_run_artifacts(svc: Services, record: RunRecord, who: str, why: str
     revocation = await revocation_events.revoke_and_record(
         svc.redis, new_revocation(Scope.RUN, record.run_id, who, why, run_expires=record.expires),
         svc.settings.audit_maxlen, runtime=record.runtime)
+    try:  # its requests waiting for a person end too (their gateways cut them on the revocation)
+        await svc.approvals.cancel_run(record.run_id, who)
+    except Unavailable as exc:
+        log.warning('{"event":"approval_cancel_failed","run":"%s","reason":"%s"}', record.run_id, exc.code)
     for accessor in record.vault_accessors:
         try:
             await svc.vault.revoke_accessor(accessor)

@@ -27,6 +27,7 @@ from broker import bundle
 from broker.admin import ROUTES as ADMIN_ROUTES
 from broker.admin import end_run_artifacts
 from broker.admission import Admission
+from broker.approvals import ROUTES as APPROVAL_ROUTES
 from broker.bodies import read_json_object
 from broker.callers import Caller
 from broker.grants import parse_run_request
@@ -180,6 +181,7 @@ def create_app(settings: BrokerSettings, policies: PolicySet | None = None) -> S
 
     routes = [
         *ADMIN_ROUTES,
+        *APPROVAL_ROUTES,
         Route("/v1/runs", create_run, methods=["POST"]),
         Route("/v1/runs/{run_id}", get_run, methods=["GET"]),
         Route("/v1/runs/{run_id}", end_run, methods=["DELETE"]),

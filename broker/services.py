@@ -19,6 +19,7 @@ from broker.callers import Caller, CallerAuthenticator
 from broker.runs import RunRegistry
 from broker.settings import BrokerSettings
 from broker.signer import TransitSigner
+from contract.approvals import ApprovalStore
 from contract.revocations import RevocationStore
 from contract.vault import VaultClient
 from policies.load import load_policy_dir
@@ -38,6 +39,7 @@ class Services:
     signer: TransitSigner
     callers: CallerAuthenticator
     revocations: RevocationStore
+    approvals: ApprovalStore
 
     @classmethod
     def build(cls, settings: BrokerSettings, policies: PolicySet | None = None) -> Services:
@@ -60,7 +62,7 @@ class Services:
             callers=CallerAuthenticator(
                 vault, policies, settings.admin_policy, settings.caller_cache_ttl
             ),
-            revocations=RevocationStore(client),
+            revocations=RevocationStore(client), approvals=ApprovalStore(client),
         )
 
     async def aclose(self) -> None:

@@ -80,6 +80,8 @@ class AuditRecord:
     upstream_addr: str = ""
     redactions: int = 0
     passthrough: str = ""  # where a real-looking credential was found (never the value)
+    approval: str = ""  # the pending approval this request waited on (gateways/approval_step.py)
+    approved_by: str = ""  # who approved (or denied) it
 
     def to_json(self) -> str:
         # every field is a str, int or float: a shallow dict is the whole record (asdict deep-copies)

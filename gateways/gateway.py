@@ -23,6 +23,7 @@ from contract.secret import Secret
 from contract.vault import VaultClient
 from contract.verify import TokenVerifier
 from gateways import overload
+from gateways.approval_waiter import ApprovalWaiter
 from gateways.audit import AuditSink, Metrics
 from gateways.budget import Budgets
 from gateways.credential_scan import CredentialScanner
@@ -34,7 +35,7 @@ from gateways.runslots import RunSlots
 from gateways.secret_store import SecretStore
 from gateways.settings import GatewaySettings
 from gateways.upstream import UpstreamClient
-from policies.model import Alerting, Injection, Placement, Upstream
+from policies.model import Alerting, Enterprise, Injection, Placement, Upstream
 
 REDIS_POOL_WAIT = 2.0  # seconds a request waits for a free Redis connection before redis_unavailable
 
@@ -74,6 +75,8 @@ class Gateway:
     slots: RunSlots
     detectors: Detectors
     webhook: WebhookSender
+    approvals: ApprovalWaiter
+    enterprise: Enterprise
     _scanner: tuple[int, CredentialScanner] | None = field(default=None, repr=False)
     _metrics_server: tuple[Any, Any] | None = field(default=None, repr=False)
     _redactor: tuple[int, Redactor] | None = field(default=None, repr=False)
@@ -104,7 +107,7 @@ class Gateway:
 
     @classmethod
     def build(cls, settings: GatewaySettings, upstream: Upstream, resolver: Resolver | None = None,
-              alerting: Alerting | None = None) -> Gateway:
+              alerting: Alerting | None = None, enterprise: Enterprise | None = None) -> Gateway:
         vault = VaultClient(settings.vault_addr, settings.vault_token or Secret(""))
         # one pool for budgets, audit, alerts and revocations, sized on purpose: a request waits
         # up to REDIS_POOL_WAIT for a free connection rather than failing at redis-py's cap
@@ -146,6 +149,8 @@ class Gateway:
             audit=audit, metrics=metrics, http=http, revocations=revocations,
             budgets=Budgets(redis, upstream), slots=RunSlots(upstream.run_limits.concurrent),
             detectors=detectors, webhook=webhook,
+            approvals=ApprovalWaiter(redis, settings.approval_max_held),
+            enterprise=enterprise or Enterprise(),
         )
 
     async def start(self) -> None:
@@ -159,6 +164,7 @@ class Gateway:
         await self.resolver.start()
         await self.keys.start()
         await self.audit.start()
+        await self.approvals.start()
         if self.settings.metrics_listen is not None:
             host, port = self.settings.metrics_listen
             self._metrics_server = start_http_server(port, addr=host, registry=self.metrics.registry)
@@ -169,6 +175,7 @@ class Gateway:
             server.shutdown()
             server.server_close()
             thread.join(timeout=5)
+        await self.approvals.stop()
         await self.audit.stop()
         await self.webhook.stop()
         await self.revocations.stop()

@@ -268,7 +268,7 @@ def _purpose(name: str, value: Any, rule: str, r: Report) -> Purpose | None:
     approval = _approval(doc, rule, r)
     if len(paths) != len(paths_raw) or limits is None or not set(params) <= known:
         return None
-    if allow_fields is None or approval is False:
+    if allow_fields is None or isinstance(approval, bool):
         return None
     return Purpose(name=name, why=why.strip(), methods=upper, paths=tuple(paths),
                    params=tuple(params), limits=limits, allow_fields=allow_fields,
