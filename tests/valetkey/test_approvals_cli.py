@@ -37,7 +37,7 @@ def test_list_show_and_decide(gateway_stack: Stack, verb: str, said_word: str, s
         assert code == 0, said
         assert f"{said_word} {approval['id']}" in said
         assert held.result(timeout=15).status_code == status
-    code, again = run(gateway_stack, admin, "approvals", verb, approval["id"], "--yes")
+    code, again = run(gateway_stack, admin, "approvals", verb, approval["id"], *extra)
     assert code == 1
     assert "approval_not_pending" in again
 
