@@ -142,3 +142,24 @@ def test_sign_in_code_is_single_use_and_logout_ends_the_session(gateway_stack: S
     runtime = httpx.post(f"{broker}/v1/console/sign-in-codes",
                          headers={"X-Vault-Token": gateway_stack.vault.runtime_token("tester")})
     assert (runtime.status_code, runtime.json()["error"]) == (403, "not_admin")
+
+
+def test_the_audit_stream_is_live_for_admins_only(gateway_stack: Stack) -> None:
+    broker = gateway_stack.broker_url
+    value, _ = session_of(broker, gateway_stack.vault.admin_token)
+    with ThreadPoolExecutor(1) as pool, httpx.stream(
+            "GET", f"{broker}/console/audit/stream", headers={"cookie": f"{SESSION}={value}"},
+            timeout=10) as events:
+        assert events.headers["content-type"].startswith("text/event-stream")
+        minted = pool.submit(gateway_stack.mint, [PUBLISH])
+        run = minted.result(timeout=10)["run_id"]
+        seen = ""
+        for line in events.iter_lines():
+            seen += line + "\n"
+            if line.startswith("data:") and run in line and "run_created" in line:
+                break
+    assert f'"run": "{run}"' in seen
+    approver, _ = session_of(broker, gateway_stack.vault.approver_token("testers"))
+    refused = httpx.get(f"{broker}/console/audit/stream", headers={"cookie": f"{SESSION}={approver}"})
+    assert refused.status_code == 403
+    assert refused.json()["error"] == "not_admin"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -19,6 +20,9 @@ import pytest
 
 from broker.app import create_app
 from broker.settings import BrokerSettings
+from contract.secret import Secret
+from gateways.detectors import verify_signature
+from tests.gateways.test_revocation_watcher import WEBHOOK_SECRET, Receiver
 from tests.support.gateway_stack import ISSUER, Stack, audit_line, start_gateway
 from tests.support.servers import ThreadedServer
 
@@ -46,9 +50,20 @@ def second_broker(gateway_stack: Stack) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def replica(gateway_stack: Stack) -> Iterator[str]:
-    """A second gateway for the same upstream, capped at one waiting request per run."""
-    server = start_gateway(gateway_stack, "echo", VALETKEY_APPROVAL_PER_RUN="1")
+def receiver() -> Iterator[Receiver]:
+    found = Receiver()
+    with ThreadedServer(found) as server:
+        found.url = f"{server.url}/hook"
+        yield found
+
+
+@pytest.fixture(scope="module")
+def replica(gateway_stack: Stack, receiver: Receiver) -> Iterator[str]:
+    """A second gateway for the same upstream, capped at one waiting request per run, with a
+    signed webhook that links the console."""
+    server = start_gateway(gateway_stack, "echo", VALETKEY_APPROVAL_PER_RUN="1",
+                           VALETKEY_ALERT_WEBHOOK_URL=receiver.url, VALETKEY_ALERT_WEBHOOK_SECRET=WEBHOOK_SECRET,
+                           VALETKEY_CONSOLE_URL="https://valetkey.example/")
     yield server.url
     server.stop()
 
@@ -196,6 +211,48 @@ def test_replicas_and_brokers_share_approvals_and_the_cap(
 
     assert decide(second_broker, admin, approval, "approve", digest=approval["digest"]).status_code == 200
     assert held.result(timeout=15).status_code == 200
+
+
+def test_the_webhook_is_told_with_a_console_link_and_no_secret(
+        gateway_stack: Stack, pool: ThreadPoolExecutor, replica: str, receiver: Receiver) -> None:
+    bundle = gateway_stack.mint([PUBLISH])
+    admin = gateway_stack.vault.admin_token
+    held = send(pool, replica, bundle["env"]["ECHO_TOKEN"])
+    (approval,) = pending_of(gateway_stack.broker_url, admin, bundle["run_id"])
+    for _ in range(100):
+        notices = [(h, b) for h, b in list(receiver.posts) if approval["id"].encode() in b]
+        if notices:
+            break
+        time.sleep(0.05)
+    decide(gateway_stack.broker_url, admin, approval, "deny")
+    held.result(timeout=15)
+    ((headers, body),) = notices
+    assert verify_signature(Secret(WEBHOOK_SECRET), body, headers["x-valetkey-signature"])
+    assert headers["x-valetkey-event"] == "approval_requested"
+    notice = json.loads(body)
+    assert notice["console_url"] == f"https://valetkey.example/console/approvals/{approval['id']}"
+    assert (notice["digest"], notice["run"]) == (approval["digest"], bundle["run_id"])
+    assert bundle["env"]["ECHO_TOKEN"] not in body.decode()
+    assert "ship it" not in body.decode()  # no body preview leaves for the webhook
+    assert gateway_stack.vault.secrets["echo"] not in body.decode()
+
+
+def test_a_client_that_hangs_up_cancels_its_approval(gateway_stack: Stack) -> None:
+    bundle = gateway_stack.mint([PUBLISH])
+    admin = gateway_stack.vault.admin_token
+    host, port = gateway_stack.url("echo").removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /v1/publish HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                     + bundle["env"]["ECHO_TOKEN"].encode() + b"\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(BODY)}\r\n\r\n".encode() + BODY)
+        (approval,) = pending_of(gateway_stack.broker_url, admin, bundle["run_id"])
+    for _ in range(100):
+        shown = httpx.get(f"{gateway_stack.broker_url}/v1/approvals/{approval['id']}",
+                          headers={"X-Vault-Token": admin}).json()
+        if shown["state"] != "pending":
+            break
+        time.sleep(0.05)
+    assert (shown["state"], shown["decided_by"]) == ("cancelled", "client disconnected")
 
 
 def test_enterprise_deny_list_is_never_asked(gateway_stack: Stack) -> None:
