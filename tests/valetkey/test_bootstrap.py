@@ -181,6 +181,7 @@ def test_first_run_created_everything(bootstrapped_vault: DevVault) -> None:
         ("policy", "valetkey-run"),
         ("policy", "valetkey-runtime"),
         ("policy", "valetkey-runtime-notifier"),
+        ("policy", "valetkey-approvers-releases"),  # the enterprise document's approver group
         ("approle role", "valetkey-broker"),
         ("approle role", "valetkey-runtime-coding-agent"),
         ("token role", "valetkey-run"),
