@@ -193,10 +193,14 @@ class ApprovalStore:
         try:
             ids: Any = await self._redis.zrangebyscore(PENDING, time.time(), "+inf", start=0, num=limit)
             await self._redis.zremrangebyscore(PENDING, "-inf", time.time() - KEEP_AFTER)
+            batch = self._redis.pipeline(transaction=False)
+            for approval_id in ids:
+                batch.hgetall(PREFIX + approval_id.decode())
+            records: Any = await batch.execute() if ids else []
         except (RedisError, OSError) as exc:
             raise _unavailable(exc) from None
-        found = [await self.get(i.decode()) for i in ids]
-        return [a for a in found if a is not None and a.open]
+        found = [PendingApproval.from_hash(raw) for raw in records if raw]
+        return [a for a in found if a.open]
 
     async def decide(self, approval_id: str, approve: bool, digest: str, who: str,
                      why: str) -> PendingApproval:

@@ -203,14 +203,18 @@ def test_replicas_and_brokers_share_approvals_and_the_cap(
         gateway_stack: Stack, pool: ThreadPoolExecutor, replica: str, second_broker: str) -> None:
     """Held at one replica, decided at the other broker; the per-run cap counts every replica."""
     bundle = gateway_stack.mint([PUBLISH])
-    admin = gateway_stack.vault.admin_token
-    held = send(pool, replica, bundle["env"]["ECHO_TOKEN"])
-    (approval,) = pending_of(second_broker, admin, bundle["run_id"])
-    full = send(pool, replica, bundle["env"]["ECHO_TOKEN"]).result(timeout=15)
+    admin, token = gateway_stack.vault.admin_token, bundle["env"]["ECHO_TOKEN"]
+    first = send(pool, gateway_stack.url("echo"), token)  # held at the first replica
+    (approval,) = pending_of(gateway_stack.broker_url, admin, bundle["run_id"])
+    full = send(pool, replica, token).result(timeout=15)  # the second replica counts it
     assert (full.status_code, full.json()["error"]) == (429, "approval_queue_full")
-
     assert decide(second_broker, admin, approval, "approve", digest=approval["digest"]).status_code == 200
-    assert held.result(timeout=15).status_code == 200
+    assert first.result(timeout=15).status_code == 200
+
+    second = send(pool, replica, token)  # held at the second replica, decided at the first broker
+    (approval,) = pending_of(second_broker, admin, bundle["run_id"])
+    assert decide(gateway_stack.broker_url, admin, approval, "approve", digest=approval["digest"]).status_code == 200
+    assert second.result(timeout=15).status_code == 200
 
 
 def test_the_webhook_is_told_with_a_console_link_and_no_secret(
