@@ -19,7 +19,16 @@ from typing import TYPE_CHECKING, Any
 
 from contract import audit_stream
 from contract.approvals import PendingApproval, new_id, preview, request_digest
-from contract.errors import BadRequest, Forbidden, Reason, TokenInvalid, TooManyRequests, Unavailable
+from contract.errors import (
+    BadRequest,
+    Forbidden,
+    Reason,
+    TokenInvalid,
+    TooManyRequests,
+    Unavailable,
+    ValetkeyError,
+)
+from gateways.credentials import extract_placeholder
 from gateways.exchange import Exchange
 
 if TYPE_CHECKING:
@@ -58,7 +67,7 @@ async def hold_for_approval(gw: Gateway, ex: Exchange) -> None:
         id=new_id(), run=ex.claims.sub, runtime=ex.claims.client_id, upstream=gw.upstream.name,
         purpose=ex.purpose.name, approvers=policy.approvers, method=ex.method, path=ex.record.path,
         digest=request_digest(gw.upstream.name, ex.method, target, ex.body),
-        preview=_redacted(gw, ex.body), size=len(ex.body), created=now, deadline=now + policy.timeout,
+        preview=_redacted(gw, ex, ex.body), size=len(ex.body), created=now, deadline=now + policy.timeout,
         request_id=ex.record.request_id)
     if not await gw.approvals.store.create(approval, gw.settings.approval_per_run):
         raise TooManyRequests(f"this run already has {gw.settings.approval_per_run} requests waiting "
@@ -111,14 +120,16 @@ async def _watch_client(ex: Exchange, gone: asyncio.Event) -> None:
             return
 
 
-def _redacted(gw: Gateway, body: bytes) -> str:
-    """What the approver reads: the start of the body, every held form of the secret masked (a
-    body carrying one was refused already; this is the second lock)."""
+def _redacted(gw: Gateway, ex: Exchange, body: bytes) -> str:
+    """What the approver reads: the start of the body with every held form of the secret masked
+    (a body carrying one was refused already; this is the second lock) and the run's own token
+    too (an approver is not given the bearer credential of the run it judges)."""
     text = preview(body)
-    for secret in gw.secrets.all_values():
-        value = secret.reveal()
-        if value:
-            text = text.replace(value, "[REDACTED:valetkey]")
+    hidden = [s.reveal() for s in gw.secrets.all_values()]
+    with contextlib.suppress(ValetkeyError):
+        hidden.append(extract_placeholder(gw.upstream.injection, ex.headers, ex.query, gw.realm))
+    for value in filter(None, hidden):
+        text = text.replace(value, "[REDACTED:valetkey]")
     return text
 
 

@@ -150,6 +150,16 @@ def test_a_decision_must_name_the_request_shown(gateway_stack: Stack, pool: Thre
     assert (response.status_code, response.json()["error"]) == (403, "approval_denied")
 
 
+def test_the_preview_never_shows_the_run_token(gateway_stack: Stack, pool: ThreadPoolExecutor) -> None:
+    bundle = gateway_stack.mint([PUBLISH])
+    token = bundle["env"]["ECHO_TOKEN"]
+    held = send(pool, gateway_stack.url("echo"), token, body=b'{"note": "' + token.encode() + b'"}')
+    (approval,) = pending_of(gateway_stack.broker_url, gateway_stack.vault.admin_token, bundle["run_id"])
+    decide(gateway_stack.broker_url, gateway_stack.vault.admin_token, approval, "deny")
+    assert token not in approval["preview"]
+    assert held.result(timeout=15).status_code in (403, 401)
+
+
 def test_denied_request_never_reaches_the_upstream(gateway_stack: Stack, pool: ThreadPoolExecutor) -> None:
     bundle = gateway_stack.mint([PUBLISH])
     admin = gateway_stack.vault.admin_token
