@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from broker.app import create_app
 from broker.settings import BrokerSettings
@@ -299,3 +300,21 @@ def test_approver_groups_see_and_decide_only_their_own(gateway_stack: Stack, poo
     assert answer.json()["decided_by"].startswith("approver:")
     assert mine.result(timeout=15).status_code == 200
     assert theirs.result(timeout=15).json()["error"] == "approval_timeout"
+
+
+def test_a_decision_whose_announcement_is_lost_is_found_by_polling(
+        gateway_stack: Stack, pool: ThreadPoolExecutor) -> None:
+    """The channel only wakes the holder; the record is the truth (a decision written while a
+    gateway's subscription was reconnecting is still found, within the poll's backoff)."""
+    bundle = gateway_stack.mint([PUBLISH])
+    held = send(pool, gateway_stack.url("echo"), bundle["env"]["ECHO_TOKEN"])
+    (approval,) = pending_of(gateway_stack.broker_url, gateway_stack.vault.admin_token, bundle["run_id"])
+    client = redis.Redis.from_url(gateway_stack.redis_url)
+    try:  # what the broker's script does, without its PUBLISH
+        client.hset(f"valetkey:approval:{approval['id']}", mapping={"state": "denied", "decided_by": "test"})
+    finally:
+        client.close()
+    started = time.monotonic()
+    response = held.result(timeout=15)
+    assert (response.status_code, response.json()["error"]) == (403, "approval_denied")
+    assert time.monotonic() - started < 6  # the poll backs off to 5 s at most
