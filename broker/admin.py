@@ -52,6 +52,10 @@ async def end_run_artifacts(svc: Services, record: RunRecord, who: str, why: str
     revocation = await revocation_events.revoke_and_record(
         svc.redis, new_revocation(Scope.RUN, record.run_id, who, why, run_expires=record.expires),
         svc.settings.audit_maxlen, runtime=record.runtime)
+    try:  # its requests waiting for a person end too (their gateways cut them on the revocation)
+        await svc.approvals.cancel_run(record.run_id, who)
+    except Unavailable as exc:
+        log.warning('{"event":"approval_cancel_failed","run":"%s","reason":"%s"}', record.run_id, exc.code)
     for accessor in record.vault_accessors:
         try:
             await svc.vault.revoke_accessor(accessor)
@@ -97,6 +101,13 @@ async def revoke(request: Request) -> Response:
 async def _revoke(request: Request) -> Response:
     caller, svc = await _admin(request)
     scope, name, why = revoke_request(await read_json_object(request))
+    revocation = await revoke_as(svc, caller, scope, name, why)
+    return JSONResponse({**view(revocation), "recorded": True}, status_code=201)
+
+
+async def revoke_as(svc: Services, caller: Caller, scope: Scope, name: str, why: str) -> Revocation:
+    """Record a revocation by ``caller`` (an admin): the API's and the console's one way."""
+    caller.require_admin()
     if scope is Scope.RUN:
         record = await svc.runs.get(name)
         if record is None:  # unknown here (expired, or Redis lost it): revoke the id all the same
@@ -112,7 +123,7 @@ async def _revoke(request: Request) -> Response:
         _require_in_policy(svc, scope, name)
         revocation = await revocation_events.revoke_and_record(
             svc.redis, new_revocation(scope, name, caller.name, why), svc.settings.audit_maxlen)
-    return JSONResponse({**_view(revocation), "recorded": True}, status_code=201)
+    return revocation
 
 
 async def lift(request: Request) -> Response:
@@ -130,7 +141,7 @@ async def lift(request: Request) -> Response:
         raise Unavailable(f"{exc.detail}: the lift was NOT recorded; the revocation still stands",
                           exc.reason, recorded=False) from None
     await record_event(svc, revocation, "lift")
-    return JSONResponse({**_view(revocation), "recorded": True})
+    return JSONResponse({**view(revocation), "recorded": True})
 
 
 def _require_in_policy(svc: Services, scope: Scope, name: str) -> None:
@@ -142,7 +153,7 @@ def _require_in_policy(svc: Services, scope: Scope, name: str) -> None:
 async def list_revocations(request: Request) -> Response:
     _, svc = await _admin(request)
     records = sorted((await svc.revocations.load()).values(), key=lambda r: r.when)
-    return JSONResponse({"revocations": [_view(r) for r in records]})
+    return JSONResponse({"revocations": [view(r) for r in records]})
 
 
 async def run_audit(request: Request) -> Response:
@@ -158,7 +169,7 @@ async def run_audit(request: Request) -> Response:
     return JSONResponse({"run_id": run_id, "entries": entries})
 
 
-def _view(record: Revocation) -> dict[str, Any]:
+def view(record: Revocation) -> dict[str, Any]:
     return {"scope": record.scope.value, "name": record.name, "who": record.who, "why": record.why,
             "when": record.when, "not_before": record.not_before, "blocked": record.blocked,
             "lifted_by": record.lifted_by, "lifted_at": record.lifted_at}

@@ -27,8 +27,12 @@ from broker import bundle
 from broker.admin import ROUTES as ADMIN_ROUTES
 from broker.admin import end_run_artifacts
 from broker.admission import Admission
+from broker.approvals import ROUTES as APPROVAL_ROUTES
 from broker.bodies import read_json_object
 from broker.callers import Caller
+from broker.console import ROUTES as CONSOLE_ROUTES
+from broker.console import on_console_error
+from broker.console_auth import ConsoleHeaders
 from broker.grants import parse_run_request
 from broker.openapi import OPENAPI
 from broker.reaper import Reaper
@@ -133,6 +137,8 @@ async def on_valetkey_error(request: Request, exc: Exception) -> Response:
         raise exc
     event("refused", path=request.url.path, method=request.method, error=exc.code,
           status=exc.status)
+    if request.url.path.startswith("/console") and not request.url.path.startswith("/console/audit/stream"):
+        return await on_console_error(request, exc)
     return error_response(exc)
 
 
@@ -184,6 +190,8 @@ def create_app(settings: BrokerSettings, policies: PolicySet | None = None) -> S
 
     routes = [
         *ADMIN_ROUTES,
+        *APPROVAL_ROUTES,
+        *CONSOLE_ROUTES,
         Route("/v1/runs", create_run, methods=["POST"]),
         Route("/v1/runs/{run_id}", get_run, methods=["GET"]),
         Route("/v1/runs/{run_id}", end_run, methods=["DELETE"]),
@@ -197,7 +205,7 @@ def create_app(settings: BrokerSettings, policies: PolicySet | None = None) -> S
     return Starlette(
         routes=routes,
         lifespan=lifespan,
-        middleware=[admission],
+        middleware=[Middleware(ConsoleHeaders), admission],
         exception_handlers={
             ValetkeyError: on_valetkey_error,
             HTTPException: on_http_error,

@@ -38,6 +38,16 @@ class Caller:
     runtime: Runtime | None
     is_admin: bool
     accessor: str = ""
+    groups: frozenset[str] = frozenset()  # approver groups of the enterprise document it belongs to
+
+    def may_decide(self, approvers: str) -> bool:
+        """The security team decides every approval; a group member only its group's."""
+        return self.is_admin or (bool(approvers) and approvers in self.groups)
+
+    def require_admin_or_approver(self) -> None:
+        if not (self.is_admin or self.groups):
+            raise Forbidden("approvals are decided by the security team (admin policy) or by the members "
+                            "of an approver group of the enterprise policy", Reason.NOT_APPROVER)
 
     def require_admin(self) -> None:
         if not self.is_admin:
@@ -83,8 +93,12 @@ def identify(info: Mapping[str, Any], policies: PolicySet, admin_policy: str) ->
         or (rt.identity.entity_id and rt.identity.entity_id == entity)
     ]
     is_admin = admin_policy in held
+    groups = frozenset(g.name for g in policies.enterprise.approvers.values() if g.vault_policy in held)
     if len(matches) > 1:
         raise Unauthenticated("caller matches more than one runtime", Reason.AMBIGUOUS_CALLER)
+    if not matches and not is_admin and groups:
+        who = str(info.get("display_name") or "") or accessor[:12]
+        return Caller(name=f"approver:{who}", runtime=None, is_admin=False, accessor=accessor, groups=groups)
     if not matches and not is_admin:
         raise Unauthenticated(
             f"caller is not a known runtime: this Vault token carries policies {sorted(held)}, "
@@ -93,7 +107,7 @@ def identify(info: Mapping[str, Any], policies: PolicySet, admin_policy: str) ->
         )
     runtime = matches[0] if matches else None
     name = runtime.name if runtime else f"admin:{accessor[:12]}"
-    return Caller(name=name, runtime=runtime, is_admin=is_admin, accessor=accessor)
+    return Caller(name=name, runtime=runtime, is_admin=is_admin, accessor=accessor, groups=groups)
 
 
 def _identities(policies: PolicySet) -> str:

@@ -61,6 +61,27 @@ _RUN_REQUEST = {
                           {"type": "string", "pattern": _DURATION}, {"type": "null"}]},
     },
 }
+_APPROVAL = {
+    "type": "object", "additionalProperties": False,
+    "required": ["id", "run", "runtime", "upstream", "purpose", "approvers", "method", "path", "digest",
+                 "preview", "size", "created", "deadline", "request_id", "state", "decided_by",
+                 "decided_at", "why"],
+    "properties": {
+        **{k: {"type": "string"} for k in ("id", "run", "runtime", "upstream", "purpose", "approvers",
+                                            "method", "path", "digest", "preview", "request_id",
+                                            "decided_by", "why")},
+        "size": {"type": "integer"}, "created": {"type": "number"}, "deadline": {"type": "number"},
+        "decided_at": {"type": "number"},
+        "state": {"type": "string", "enum": ["pending", "approved", "denied", "timeout", "cancelled",
+                                             "consumed"]},
+    },
+}
+_DECISION = {
+    "type": "object", "additionalProperties": False,
+    "description": "approve: digest required (the SHA-256 shown for the held request, 64 hex digits)",
+    "properties": {"digest": {"type": "string"}, "reason": {"type": "string"}},
+}
+_APPROVAL_ID = [{"name": "approval_id", "in": "path", "required": True, "schema": {"type": "string"}}]
 _RUN = {
     "type": "object",
     "required": ["run_id", "runtime", "grants", "created", "expires", "state", "ended_at", "ended_by",
@@ -137,8 +158,10 @@ _WHY = {
     401: "no caller token, or Vault does not know it, or it matches no runtime and is not the "
          "security team",
     403: "caller known, action not allowed",
-    404: "no such run, revocation or policy entry (another runtime's runs are not found either)",
+    404: "no such run, revocation, approval or policy entry (another runtime's runs, another group's "
+         "approvals are not found either)",
     413: f"body over {MAX_BODY} bytes",
+    409: "the approval was decided, timed out or cancelled already, or the digest names other bytes",
     502: "Vault answered but refused or gave an unusable answer",
     503: "Vault or Redis unavailable: nothing is done (fail closed)",
 }
@@ -222,6 +245,32 @@ OPENAPI: dict[str, Any] = {
             "summary": "Lift the standing global revocation (security team); 404 revocation_not_found "
                        "if none stands", "security": _AUTH,
             "responses": {**_ok("lifted", _ref["Revocation"]), **_errors(401, 403, 404, 503)}}},
+        "/v1/approvals": {"get": {
+            "summary": "Open approvals the caller may decide (security team: all; an approver group: "
+                       "its own)",
+            "security": _AUTH, "responses": {**_ok("approvals", {
+                "type": "object", "required": ["approvals"], "additionalProperties": False,
+                "properties": {"approvals": {"type": "array", "items": _APPROVAL}}}),
+                **_errors(401, 403, 503)}}},
+        "/v1/approvals/{approval_id}": {"get": {
+            "summary": "One approval: the held request, digest, redacted preview, state (404 if not the "
+                       "caller's to decide)", "security": _AUTH, "parameters": _APPROVAL_ID,
+            "responses": {**_ok("approval", _APPROVAL), **_errors(401, 403, 404, 503)}}},
+        "/v1/approvals/{approval_id}/approve": {"post": {
+            "summary": "Let the held request go on, once; bound to the digest shown (409 "
+                       "approval_digest_mismatch, approval_not_pending)", "security": _AUTH,
+            "parameters": _APPROVAL_ID, "requestBody": _body(_DECISION),
+            "responses": {**_ok("decided", _APPROVAL), **_errors(400, 401, 403, 404, 409, 413, 503)}}},
+        "/v1/approvals/{approval_id}/deny": {"post": {
+            "summary": "Refuse the held request: the sandbox gets 403 approval_denied", "security": _AUTH,
+            "parameters": _APPROVAL_ID, "requestBody": _body(_DECISION),
+            "responses": {**_ok("decided", _APPROVAL), **_errors(400, 401, 403, 404, 409, 413, 503)}}},
+        "/v1/console/sign-in-codes": {"post": {
+            "summary": "A one-time console sign-in link for the calling admin (5 minutes, one use)",
+            "security": _AUTH, "responses": {**_ok("code", {
+                "type": "object", "required": ["path", "expires_in"], "additionalProperties": False,
+                "properties": {"path": {"type": "string"}, "expires_in": {"type": "integer"}}}),
+                **_errors(401, 403, 503)}}},
         "/.well-known/jwks.json": {"get": {
             "summary": "Public keys of every live signing-key version",
             "responses": {**_ok("JWKS", _JWKS), **_errors()}}},

@@ -13,6 +13,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
@@ -23,6 +24,7 @@ from contract.errors import NotFound, Reason, TokenInvalid, Unavailable
 from contract.revocations import Revocation, RevocationStore, Scope, key_of
 
 KEY_PREFIX = "valetkey:run:"
+LIVE_INDEX = "valetkey:runs:by_expiry"  # run id → expiry (sorted set)
 ACTIVE = "active"
 ENDED = "ended"
 EXPIRED = "expired"  # shown, never stored: an active run past its expiry
@@ -74,6 +76,11 @@ class RunRegistry:
         ttl = max(1, record.expires - int(self._clock())) + KEEP_EXPIRED
         payload = json.dumps(record.to_json())
         await _redis(lambda: self._redis.set(KEY_PREFIX + record.run_id, payload, ex=ttl, nx=True))
+        # the console's live runs: an index by expiry, trimmed of what expired a day ago
+        index = self._redis.pipeline(transaction=False)
+        index.zadd(LIVE_INDEX, {record.run_id: record.expires})
+        index.zremrangebyscore(LIVE_INDEX, "-inf", self._clock() - KEEP_EXPIRED)
+        await _redis(index.execute)
 
     async def get(self, run_id: str) -> RunRecord | None:
         raw = await _redis(lambda: self._redis.get(KEY_PREFIX + run_id))
@@ -119,6 +126,15 @@ class RunRegistry:
             raise TokenInvalid("token rejected: run has expired", check="run")
         if record.runtime != claims.client_id:
             raise TokenInvalid("token rejected: run belongs to another runtime", check="run")
+
+    async def live(self, limit: int = 200) -> list[RunRecord]:
+        """Up to ``limit`` unexpired run records (any state), newest first: the console's runs."""
+        ids: Any = await _redis(partial(self._redis.zrevrangebyscore, LIVE_INDEX, "+inf", self._clock(),
+                                        start=0, num=limit))
+        keys = [KEY_PREFIX + i.decode() for i in ids]
+        values: Any = await _redis(lambda: self._redis.mget(keys)) if keys else []
+        records = [RunRecord.from_json(json.loads(v)) for v in values if v]
+        return sorted(records, key=lambda r: r.created, reverse=True)[:limit]
 
     async def ping(self) -> bool:
         try:

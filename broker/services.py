@@ -20,6 +20,7 @@ from broker.proxy_trust import ProxyTrust
 from broker.runs import RunRegistry
 from broker.settings import BrokerSettings
 from broker.signer import TransitSigner
+from contract.approvals import ApprovalStore
 from contract.env import SettingsError
 from contract.revocations import RevocationStore
 from contract.vault import VaultClient
@@ -40,6 +41,7 @@ class Services:
     signer: TransitSigner
     callers: CallerAuthenticator
     revocations: RevocationStore
+    approvals: ApprovalStore
     proxy_trust: ProxyTrust | None = None  # the bundle's CA file, when a proxy is configured
 
     @classmethod
@@ -66,7 +68,7 @@ class Services:
             callers=CallerAuthenticator(
                 vault, policies, settings.admin_policy, settings.caller_cache_ttl
             ),
-            revocations=RevocationStore(client),
+            revocations=RevocationStore(client), approvals=ApprovalStore(client),
             proxy_trust=ProxyTrust(vault, settings.proxy) if settings.proxy.enabled else None,
         )
 

@@ -51,6 +51,8 @@ class BrokerSettings:
     gateway_urls: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     gateway_url_template: str = "http://valetkey-gateway-{upstream}:8080"
     proxy: ProxySettings = field(default_factory=ProxySettings)  # broker/proxy_settings.py
+    # the security console's cookies lose Secure and the __Host- prefix: plain-HTTP dev only
+    console_insecure_cookies: bool = False
 
     def gateway_url(self, upstream: str) -> str:
         return self.gateway_urls.get(upstream) or self.gateway_url_template.format(upstream=upstream)
@@ -91,7 +93,15 @@ class BrokerSettings:
                 "VALETKEY_GATEWAY_URL_TEMPLATE", "http://valetkey-gateway-{upstream}:8080"
             ),
             proxy=ProxySettings.from_env(env),
+            console_insecure_cookies=_flag(env, "VALETKEY_CONSOLE_INSECURE_COOKIES"),
         )
+
+
+def _flag(env: Mapping[str, str], key: str) -> bool:
+    value = env.get(key, "").strip().lower()
+    if value not in ("", "0", "false", "1", "true"):
+        raise SettingsError(f"{key}: expected 1/true or 0/false")
+    return value in ("1", "true")
 
 
 def _gateway_urls(raw: str) -> dict[str, str]:

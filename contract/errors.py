@@ -5,6 +5,7 @@
     ├── Unauthenticated           401  no caller identity, or a token that does not verify
     ├── Forbidden                 403  caller known, action not allowed by policy
     ├── NotFound                  404
+    ├── Conflict                  409  the state changed under the request (an approval decided)
     ├── MethodNotAllowed          405
     ├── PayloadTooLarge           413
     ├── TooManyRequests           429  over a budget; carries Retry-After
@@ -67,6 +68,18 @@ class Reason(StrEnum):
     REVOCATION_STATE_STALE = "revocation_state_stale"
     BUDGET_EXCEEDED = "budget_exceeded"
     RUN_CONCURRENCY_EXCEEDED = "run_concurrency_exceeded"  # gateways/runslots.py
+    # approvals (contract/approvals.py, gateways/approval_step.py, broker/approvals.py)
+    APPROVAL_DENIED = "approval_denied"  # a person said no to this request
+    APPROVAL_TIMEOUT = "approval_timeout"  # nobody decided before the purpose's approval_timeout
+    APPROVAL_QUEUE_FULL = "approval_queue_full"  # the run has its cap of requests waiting already
+    APPROVAL_NOT_FOUND = "approval_not_found"
+    APPROVAL_NOT_PENDING = "approval_not_pending"  # decided, timed out or cancelled already
+    APPROVAL_DIGEST_MISMATCH = "approval_digest_mismatch"  # the decision names other bytes
+    NOT_APPROVER = "not_approver"  # the caller is in no group that decides this approval
+    ENTERPRISE_DENIED = "enterprise_denied"  # the enterprise deny list: never, whoever approves
+    # console (broker/console.py)
+    CSRF_FAILED = "csrf_failed"
+    NO_SESSION = "no_session"
     # dependencies
     VAULT_UNAVAILABLE = "vault_unavailable"
     REDIS_UNAVAILABLE = "redis_unavailable"
@@ -164,6 +177,11 @@ class Forbidden(ValetkeyError):
 class NotFound(ValetkeyError):
     status = 404
     default_reason = Reason.NOT_FOUND
+
+
+class Conflict(ValetkeyError):
+    status = 409
+    default_reason = Reason.APPROVAL_NOT_PENDING
 
 
 class MethodNotAllowed(ValetkeyError):

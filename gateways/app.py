@@ -17,7 +17,7 @@ from gateways.exchange import Receive, Send, new_exchange
 from gateways.gateway import Gateway
 from gateways.pipeline import handle
 from gateways.settings import GatewaySettings
-from policies.model import Alerting, Upstream
+from policies.model import Alerting, Enterprise, Upstream
 
 RESERVED_PREFIX = "/.valetkey/"
 STOP_GRACE = 15.0  # seconds: a stop that takes longer is abandoned, so the process still exits
@@ -27,10 +27,11 @@ class GatewayApp:
     """The ASGI callable: lifespan, reserved endpoints, and the pipeline for everything else."""
 
     def __init__(self, settings: GatewaySettings, upstream: Upstream, resolver: Resolver | None = None,
-                 alerting: Alerting | None = None) -> None:
+                 alerting: Alerting | None = None, enterprise: Enterprise | None = None) -> None:
         self.settings = settings
         self.upstream = upstream
         self.alerting = alerting
+        self.enterprise = enterprise
         self.resolver = resolver  # a DNS seam for tests; production uses the system resolver
         self.startup_error: str = ""
         self.gateway: Gateway | None = None
@@ -52,7 +53,8 @@ class GatewayApp:
             if message["type"] == "lifespan.startup":
                 gateway: Gateway | None = None
                 try:
-                    gateway = Gateway.build(self.settings, self.upstream, self.resolver, self.alerting)
+                    gateway = Gateway.build(self.settings, self.upstream, self.resolver, self.alerting,
+                                            self.enterprise)
                     await gateway.start()
                 except Exception as exc:  # every start-up failure ends the process with its reason
                     if gateway is not None:

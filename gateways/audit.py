@@ -82,6 +82,8 @@ class AuditRecord:
     passthrough: str = ""  # where a real-looking credential was found (never the value)
     credential_kind: str = ""  # a run-scoped credential source's kind (gateways/sources), or ""
     credential_id: str = ""  # its non-secret identifier (token expiry, lease id), never the value
+    approval: str = ""  # the pending approval this request waited on (gateways/approval_step.py)
+    approved_by: str = ""  # who approved (or denied) it
 
     def to_json(self) -> str:
         # every field is a str, int or float: a shallow dict is the whole record (asdict deep-copies)

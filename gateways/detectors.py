@@ -45,7 +45,8 @@ RETRIES = (0.2, 0.5, 1.0, 2.0, 5.0)
 # revocations) is ours; a revoked run is already stopped; a client that hangs up mid-upload (a
 # cancelled call, a load generator stopping) refused nothing
 NOT_A_DENIAL_SIGNAL = frozenset({"budget_exceeded", "run_concurrency_exceeded", "revocation_state_stale",
-                                 "token_revoked", "client_disconnected", "jwks_stale", "jwks_unavailable"})
+                                 "token_revoked", "client_disconnected", "jwks_stale", "jwks_unavailable",
+                                 "approval_timeout", "approval_queue_full"})
 PROBE_REASONS = frozenset({"purpose_not_granted", "audience_mismatch", "method_refused", "invalid_token",
                            "absolute_form_target", "token_revoked",
                            # the egress proxy: knocking on hosts, ports and names outside the allowlist
@@ -134,7 +135,8 @@ class WebhookSender:
             body = json.dumps(event, sort_keys=True).encode()
             for attempt, pause in enumerate((0.0, *RETRIES)):
                 await asyncio.sleep(pause)
-                headers = {"content-type": "application/json", "x-valetkey-event": "alert"}
+                kind = str(event.get("event", "alert"))  # alert, approval_requested
+                headers = {"content-type": "application/json", "x-valetkey-event": kind}
                 if self._secret is not None:
                     headers["x-valetkey-signature"] = sign(self._secret, body, int(time.time()))
                 try:

@@ -23,6 +23,7 @@ from contract.secret import Secret
 from contract.vault import VaultClient
 from contract.verify import TokenVerifier
 from gateways import overload
+from gateways.approval_waiter import ApprovalWaiter
 from gateways.audit import AuditSink, Metrics
 from gateways.budget import Budgets
 from gateways.credential_scan import CredentialScanner
@@ -38,7 +39,7 @@ from gateways.sources.cache import RunCredentials
 from gateways.sources.metrics import SourceMetrics
 from gateways.sources.prewarm import Prewarm
 from gateways.upstream import UpstreamClient
-from policies.model import Alerting, Injection, Placement, Upstream
+from policies.model import Alerting, Enterprise, Injection, Placement, Upstream
 
 REDIS_POOL_WAIT = 2.0  # seconds a request waits for a free Redis connection before redis_unavailable
 
@@ -78,6 +79,8 @@ class Gateway:
     slots: RunSlots
     detectors: Detectors
     webhook: WebhookSender
+    approvals: ApprovalWaiter
+    enterprise: Enterprise
     credentials: RunCredentials[Redactor] | None = None  # a run-scoped credential source's cache
     prewarm: Prewarm | None = None  # issues a new run's credential when the broker creates it
     _scanner: tuple[int, CredentialScanner] | None = field(default=None, repr=False)
@@ -120,12 +123,14 @@ class Gateway:
 
     @classmethod
     def build(cls, settings: GatewaySettings, upstream: Upstream, resolver: Resolver | None = None,
-              alerting: Alerting | None = None, *, shared: Gateway | None = None,
-              dial_port: int | None = None, ca_file: str | None = None) -> Gateway:
+              alerting: Alerting | None = None, enterprise: Enterprise | None = None, *,
+              shared: Gateway | None = None, dial_port: int | None = None,
+              ca_file: str | None = None) -> Gateway:
         """Everything one upstream needs. ``shared``: another gateway of the same process whose
-        Redis pool, JWKS cache, revocation watcher, audit, alerts and metrics this one uses (the
-        egress proxy runs one gateway per host over one set of those). ``dial_port``/``ca_file``:
-        the egress proxy's test resolver map and a destination's own CA bundle."""
+        Redis pool, JWKS cache, revocation watcher, audit, alerts, approvals and metrics this one
+        uses (the egress proxy runs one gateway per host over one set of those).
+        ``dial_port``/``ca_file``: the egress proxy's test resolver map and a destination's own CA
+        bundle."""
         if shared is not None:
             return cls._beside(shared, settings, upstream, resolver, dial_port, ca_file)
         vault = VaultClient(settings.vault_addr, settings.vault_token or Secret(""))
@@ -169,6 +174,8 @@ class Gateway:
             audit=audit, metrics=metrics, http=http, revocations=revocations,
             budgets=Budgets(redis, upstream), slots=RunSlots(upstream.run_limits.concurrent),
             detectors=detectors, webhook=webhook,
+            approvals=ApprovalWaiter(redis, settings.approval_max_held),
+            enterprise=enterprise or Enterprise(),
         )
         gateway.attach_source()
         return gateway
@@ -206,7 +213,8 @@ class Gateway:
                                   ca_file=ca_file or settings.upstream_ca_file, dial_port=dial_port),
             audit=shared.audit, metrics=shared.metrics, http=shared.http, revocations=shared.revocations,
             budgets=Budgets(shared.redis, upstream), slots=RunSlots(upstream.run_limits.concurrent),
-            detectors=shared.detectors, webhook=shared.webhook,
+            detectors=shared.detectors, webhook=shared.webhook, approvals=shared.approvals,
+            enterprise=shared.enterprise,
         )
         gateway.attach_source(ca_file)
         return gateway
@@ -244,6 +252,7 @@ class Gateway:
         await self.webhook.start()
         await self.keys.start()
         await self.audit.start()
+        await self.approvals.start()
         if self.settings.metrics_listen is not None:
             host, port = self.settings.metrics_listen
             self._metrics_server = start_http_server(port, addr=host, registry=self.metrics.registry)
@@ -254,6 +263,7 @@ class Gateway:
             server.shutdown()
             server.server_close()
             thread.join(timeout=5)
+        await self.approvals.stop()
         await self.audit.stop()
         await self.webhook.stop()
         await self.revocations.stop()

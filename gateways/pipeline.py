@@ -1,7 +1,8 @@
 """The gateway's request pipeline: one ordered list of small named steps, read top to bottom.
 
-    check_request → refuse_passthrough → authenticate → authorize → refuse_credential_fields
-    → hold_run_slot → charge_budget → read_body → inject_secret → dial_and_stream
+    check_request → refuse_passthrough → authenticate → authorize → refuse_enterprise_denied
+    → refuse_credential_fields → hold_run_slot → charge_budget → read_body → hold_for_approval
+    → inject_secret → dial_and_stream
     (audit always, in ``handle``)
 
 Each step reads and may fill fields of the ``Exchange``; a refusal is a ``ValetkeyError`` whose
@@ -31,6 +32,7 @@ from contract.errors import (
     ValetkeyError,
     render,
 )
+from gateways.approval_step import hold_for_approval, refuse_enterprise_denied
 from gateways.credential_scan import Finding, media_type
 from gateways.credentials import extract_placeholder, forwarded_headers, inject
 from gateways.exchange import Exchange
@@ -272,10 +274,12 @@ STEPS: tuple[Callable[[Gateway, Exchange], Awaitable[None]], ...] = (
     refuse_passthrough,
     authenticate,
     authorize,
+    refuse_enterprise_denied,
     refuse_credential_fields,
     hold_run_slot,
     charge_budget,
     read_body,
+    hold_for_approval,
     inject_secret,
     dial_and_stream,
 )

@@ -240,4 +240,5 @@ def from_env() -> Any:
     name = os.environ["VALETKEY_GATEWAY_UPSTREAM"]
     settings = GatewaySettings.from_env(name)
     policies = load_policy_dir(settings.policy_dir)
-    return GatewayApp(settings, policies.upstreams[name], alerting=policies.alerting)
+    return GatewayApp(settings, policies.upstreams[name], alerting=policies.alerting,
+                      enterprise=policies.enterprise)

@@ -59,6 +59,9 @@ class GatewaySettings:
     header_timeout: int = 10  # a request head must arrive within this, from connect or its first byte
     keepalive_timeout: int = 5  # an idle kept-alive client connection is closed after this
     upstream_max_connections: int = 256  # per process
+    approval_per_run: int = 4  # requests of one run waiting for a person at once (all replicas)
+    approval_max_held: int = 256  # held requests per process (each keeps its body in memory)
+    console_url: str = ""  # where approvers decide: linked from the webhook's approval notice
 
     def __post_init__(self) -> None:
         if self.jwks_max_stale < self.jwks_max_age:
@@ -121,6 +124,12 @@ class GatewaySettings:
             keepalive_timeout=duration(env, "VALETKEY_KEEPALIVE_TIMEOUT", "5s"),
             upstream_max_connections=int_setting("VALETKEY_UPSTREAM_MAX_CONNECTIONS",
                                           env.get("VALETKEY_UPSTREAM_MAX_CONNECTIONS", "256"), 1, 100_000),
+            approval_per_run=int_setting("VALETKEY_APPROVAL_PER_RUN",
+                                         env.get("VALETKEY_APPROVAL_PER_RUN", "4"), 1, 1000),
+            approval_max_held=int_setting("VALETKEY_APPROVAL_MAX_HELD",
+                                          env.get("VALETKEY_APPROVAL_MAX_HELD", "256"), 1, 100_000),
+            console_url=checked_url("VALETKEY_CONSOLE_URL", env["VALETKEY_CONSOLE_URL"])
+            if env.get("VALETKEY_CONSOLE_URL") else "",
         )
 
 

@@ -1,7 +1,8 @@
 """Load policy YAML into validated objects, reporting every problem with file, rule and fix.
 
-Each YAML document has ``version: 1`` and ``kind: upstream``, ``destination``, ``runtime`` or
-``alerts``. A directory is
+Each YAML document has ``version: 1`` and ``kind: upstream``, ``destination``, ``runtime``,
+``alerts`` or ``enterprise`` (the deny list and approver groups, ``policies/enterprise_doc.py``).
+A directory is
 read recursively (``*.yaml``/``*.yml``, several documents per file allowed). Unknown keys are
 errors. Nothing half-valid is returned: any error raises ``PolicyLoadError`` listing all of them.
 """
@@ -15,10 +16,11 @@ from typing import Any
 import yaml
 
 import policies.destination_doc as destination_doc
+import policies.enterprise_doc as enterprise_doc
 import policies.runtime_doc as runtime_doc
 import policies.upstream_doc as upstream_doc
 from policies.alerts_doc import alerts
-from policies.model import POLICY_VERSION, Alerting, Destination, PolicySet, Runtime, Upstream
+from policies.model import POLICY_VERSION, Alerting, Destination, Enterprise, PolicySet, Runtime, Upstream
 from policies.report import Problem, Report
 
 SHIPPED_POLICY_DIR = Path(__file__).resolve().parent
@@ -84,6 +86,7 @@ def load_policy_files(files: list[Path]) -> PolicySet:
     runtimes: dict[str, Runtime] = {}
     destinations: dict[str, Destination] = {}
     alerting: list[Alerting] = []
+    enterprises: list[Enterprise] = []
     for path in files:
         for index, doc in _documents(path, problems):
             report = Report(str(path), problems)
@@ -113,20 +116,31 @@ def load_policy_files(files: list[Path]) -> PolicySet:
                                "keep one alerts document per policy directory")
                 elif found is not None:
                     alerting.append(found)
+            elif kind == "enterprise":
+                ent = enterprise_doc.enterprise(doc, report)
+                if ent is not None and enterprises:
+                    first = enterprises[0].source
+                    report.add("enterprise", f"a second enterprise document (first in {first})",
+                               "keep one enterprise document (deny list, approvers) per policy directory")
+                elif ent is not None:
+                    enterprises.append(ent)
             else:
                 report.add(
                     f"{where} kind", f"kind is {kind!r}",
-                    "set `kind: upstream`, `kind: destination`, `kind: runtime` or `kind: alerts`",
+                    "set `kind: upstream`, `kind: destination`, `kind: runtime`, `kind: alerts` or "
+                    "`kind: enterprise`",
                 )
+    ent = enterprises[0] if enterprises else Enterprise()
     if not problems:
         destination_doc.cross_references(upstreams, destinations, problems)
     if not problems:
         runtime_doc.cross_references(upstreams, runtimes, problems, destinations)
+        enterprise_doc.cross_references(ent, upstreams, runtimes, problems)
     if problems:
         raise PolicyLoadError(problems)
     return PolicySet(upstreams=MappingProxyType(upstreams), runtimes=MappingProxyType(runtimes),
                      alerting=alerting[0] if alerting else Alerting(),
-                     destinations=MappingProxyType(destinations))
+                     destinations=MappingProxyType(destinations), enterprise=ent)
 
 
 def _version_ok(doc: dict[Any, Any], where: str, report: Report) -> bool:

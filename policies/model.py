@@ -83,6 +83,19 @@ class RunLimits:
     concurrent: int = DEFAULT_RUN_CONCURRENCY
 
 
+DEFAULT_APPROVAL_TIMEOUT = 600  # seconds a held request waits for a person, unless the purpose says
+MAX_APPROVAL_TIMEOUT = 3600  # a client connection held longer than this is not a request any more
+
+
+@dataclass(frozen=True)
+class Approval:
+    """A purpose whose every request waits for a person: ``approvers`` names a group of the
+    enterprise document ("" = the security team only); ``timeout`` in seconds."""
+
+    approvers: str = ""
+    timeout: int = DEFAULT_APPROVAL_TIMEOUT
+
+
 @dataclass(frozen=True)
 class Purpose:
     name: str
@@ -93,6 +106,7 @@ class Purpose:
     limits: Limits = Limits()
     # credential-named fields this purpose may send on (normalised: ``policies.credential_names``)
     allow_fields: frozenset[str] = frozenset()
+    approval: Approval | None = None
 
     def template_params(self) -> frozenset[str]:
         return frozenset(p for t in self.paths for p in t.params)
@@ -219,10 +233,51 @@ class Alerting:
 
 
 @dataclass(frozen=True)
+class ApproverGroup:
+    """People who may decide the approvals of purposes naming this group: any Vault token that
+    carries ``vault_policy``."""
+
+    name: str
+    vault_policy: str
+
+
+@dataclass(frozen=True)
+class DenyRule:
+    """What can never be done at an upstream, whatever a runtime is granted and whoever approves:
+    a whole purpose, or methods on path templates (checked on every request at the gateway)."""
+
+    upstream: str
+    why: str
+    purpose: str = ""
+    methods: frozenset[str] = frozenset()
+    paths: tuple[PathTemplate, ...] = ()
+
+    def matches(self, upstream: str, purpose: str, method: str, segments: tuple[str, ...]) -> bool:
+        if upstream != self.upstream:
+            return False
+        if self.purpose:
+            return purpose == self.purpose
+        return method in self.methods and any(t.matches(segments, {}) for t in self.paths)
+
+
+@dataclass(frozen=True)
+class Enterprise:
+    """The enterprise document: the deny list and the approver groups."""
+
+    deny: tuple[DenyRule, ...] = ()
+    approvers: Mapping[str, ApproverGroup] = field(default_factory=lambda: MappingProxyType({}))
+    source: str = ""
+
+    def denied(self, upstream: str, purpose: str, method: str, segments: tuple[str, ...]) -> DenyRule | None:
+        return next((d for d in self.deny if d.matches(upstream, purpose, method, segments)), None)
+
+
+@dataclass(frozen=True)
 class PolicySet:
     upstreams: Mapping[str, Upstream] = field(default_factory=lambda: MappingProxyType({}))
     runtimes: Mapping[str, Runtime] = field(default_factory=lambda: MappingProxyType({}))
     alerting: Alerting = field(default_factory=Alerting)
+    enterprise: Enterprise = field(default_factory=Enterprise)
     destinations: Mapping[str, Destination] = field(default_factory=lambda: MappingProxyType({}))
 
     def target(self, name: str) -> Target | None:

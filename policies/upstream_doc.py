@@ -13,6 +13,8 @@ from typing import Any
 from policies.alerts_doc import run_limits
 from policies.credential_names import is_credential_name, normalised
 from policies.model import (
+    MAX_APPROVAL_TIMEOUT,
+    Approval,
     Injection,
     Limits,
     Placement,
@@ -27,7 +29,7 @@ from policies.report import Report, description, keys, label, mapping, string
 from policies.source_doc import source
 from policies.sources import KvSource
 from policies.templates import PathTemplate, TemplateError
-from policies.units import parse_rate, parse_size
+from policies.units import parse_duration, parse_rate, parse_size
 
 NAME = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
 PURPOSE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
@@ -238,7 +240,7 @@ def purpose_table(value: Any, rule: str, r: Report) -> dict[str, Purpose] | None
 
 def _purpose(name: str, value: Any, rule: str, r: Report) -> Purpose | None:
     doc = mapping(value, rule, r)
-    optional = {"params", "limits", "allow_fields"}
+    optional = {"params", "limits", "allow_fields", "approval", "approvers", "approval_timeout"}
     if doc is None or not keys(doc, rule, {"why", "methods", "paths"}, optional, r):
         return None
     why = doc["why"]
@@ -275,12 +277,45 @@ def _purpose(name: str, value: Any, rule: str, r: Report) -> Purpose | None:
             r.add(f"{rule} params", f"{p!r} appears in no path template", "remove it or use it")
     limits = _limits(doc.get("limits", {}), f"{rule} limits", r)
     allow_fields = _allow_fields(doc.get("allow_fields", []), f"{rule} allow_fields", r)
+    approval = _approval(doc, rule, r)
     if len(paths) != len(paths_raw) or limits is None or not set(params) <= known:
         return None
-    if allow_fields is None:
+    if allow_fields is None or isinstance(approval, bool):
         return None
     return Purpose(name=name, why=why.strip(), methods=upper, paths=tuple(paths),
-                   params=tuple(params), limits=limits, allow_fields=allow_fields)
+                   params=tuple(params), limits=limits, allow_fields=allow_fields,
+                   approval=approval)
+
+
+def _approval(doc: dict[str, Any], rule: str, r: Report) -> Approval | bool | None:
+    """``approval: required`` with an optional ``approvers`` group and ``approval_timeout``;
+    ``False`` when what is written is wrong (the group is checked against the enterprise
+    document once every file is read)."""
+    if "approval" not in doc:
+        if "approvers" in doc or "approval_timeout" in doc:
+            r.add(rule, "approvers or approval_timeout without `approval: required`",
+                  "add `approval: required`, or remove them")
+            return False
+        return None
+    if doc["approval"] != "required":
+        r.add(f"{rule} approval", f"{doc['approval']!r} is not a valid approval",
+              "write `approval: required` (or remove the key)")
+        return False
+    approvers = doc.get("approvers", "")
+    if not isinstance(approvers, str) or (approvers and not NAME.fullmatch(approvers)):
+        r.add(f"{rule} approvers", f"{approvers!r} is not a group name",
+              "name a group of the enterprise document's `approvers`, e.g. `approvers: releases`")
+        return False
+    try:
+        timeout = parse_duration(doc.get("approval_timeout", "10m"))
+    except ValueError as exc:
+        r.add(f"{rule} approval_timeout", str(exc), "write e.g. `approval_timeout: 15m`")
+        return False
+    if not 1 <= timeout <= MAX_APPROVAL_TIMEOUT:
+        r.add(f"{rule} approval_timeout", f"{timeout}s is not 1s..{MAX_APPROVAL_TIMEOUT}s",
+              "a held request keeps its client waiting: write at most `approval_timeout: 1h`")
+        return False
+    return Approval(approvers=approvers, timeout=timeout)
 
 
 def _allow_fields(value: Any, rule: str, r: Report) -> frozenset[str] | None:

@@ -108,7 +108,7 @@ class Hub:
         self.resolver = resolver or map_resolver(settings)
         # the shared parts are those of a gateway for the proxy's own audience
         self.base = Gateway.build(settings.gateway, _proxy_upstream(settings), self.resolver,
-                                  policies.alerting)
+                                  policies.alerting, policies.enterprise)
         self.verifier: TokenVerifier = self.base.verifier
         self.leaves = LeafCerts(self._read_ca, refresh=settings.ca_refresh)
         self.upstreams = {name: self._upstream_gateway(up) for name, up in policies.upstreams.items()

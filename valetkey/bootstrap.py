@@ -211,6 +211,9 @@ def _policy_documents(
         for rt in policies.runtimes.values()
         if rt.identity.vault_policy
     )
+    # An approver group's policy, likewise the operator's once it exists.
+    approver_hcl = _read(hcl_dir, "approver.hcl")
+    docs.extend((g.vault_policy, approver_hcl, False) for g in policies.enterprise.approvers.values())
     return docs
 
 

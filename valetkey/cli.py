@@ -9,6 +9,7 @@ import click
 
 from policies.load import PolicyLoadError, load_policy_dir
 from valetkey.admin_cli import COMMANDS as ADMIN_COMMANDS
+from valetkey.approvals_cli import approvals_group
 from valetkey.broker_cli import broker_group, keys_group, run_group
 from valetkey.cli_support import CONTEXT
 from valetkey.dev.stack import dev_command
@@ -116,7 +117,7 @@ def vault_bootstrap(policy_dir: Path | None, hcl_dir: Path | None) -> None:
 
 
 for command in (broker_group, run_group, keys_group, gateway_group, proxy_group, secret_group, dev_command,
-                selftest_command, *ADMIN_COMMANDS):
+                selftest_command, approvals_group, *ADMIN_COMMANDS):
     main.add_command(command)
 
 if __name__ == "__main__":

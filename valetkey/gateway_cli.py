@@ -59,7 +59,8 @@ def gateway_serve(upstream: str, workers: int, log_level: str) -> None:
         if any(worker.process.exitcode == STARTUP_FAILURE for worker in supervisor.processes):
             sys.exit(1)
         return
-    app = GatewayApp(settings, policies.upstreams[upstream], alerting=policies.alerting)
+    app = GatewayApp(settings, policies.upstreams[upstream], alerting=policies.alerting,
+                     enterprise=policies.enterprise)
     server = uvicorn.Server(config(app, settings, log_level))
     try:
         server.run()

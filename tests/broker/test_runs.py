@@ -70,7 +70,7 @@ def _grant(upstream: str, purpose: str, **params: str) -> dict[str, Any]:
 REFUSALS = [
     pytest.param("coding-agent", {"grants": [_grant("gitlab", "read")]}, 400, "unknown_audience",
                  id="unknown-upstream"),
-    pytest.param("coding-agent", {"grants": [_grant("github", "delete_repo", owner="a", repo="b")]}, 400,
+    pytest.param("coding-agent", {"grants": [_grant("github", "delete_org", owner="a", repo="b")]}, 400,
                  "unknown_purpose", id="unknown-purpose"),
     pytest.param("notifier", {"grants": [READ_REPO]}, 403, "purpose_not_allowed",
                  id="upstream-outside-runtime-policy"),

@@ -15,6 +15,7 @@ import pytest
 
 from policies.load import PolicyLoadError, Problem, load_policy_dir
 from policies.model import (
+    Approval,
     Identity,
     Injection,
     Limits,
@@ -166,6 +167,23 @@ BROKEN_CASES = [
                  id='destination-host-clash-upstream'),
     pytest.param('runtime-unknown-destination-purpose', 'runtime demo-agent allow pkgs', "unknown purpose 'install'",
                  id='runtime-unknown-destination-purpose'),
+    # approvals and the enterprise document (docs/policy.md#approval)
+    pytest.param("approval-bad-value", f"{PURPOSE} approval", "'yes-please' is not a valid approval",
+                 id="approval-bad-value"),
+    pytest.param("approval-timeout-too-long", f"{PURPOSE} approval_timeout", "7200s is not 1s..3600s",
+                 id="approval-timeout-too-long"),
+    pytest.param("approvers-without-approval", PURPOSE, "without `approval: required`",
+                 id="approvers-without-approval"),
+    pytest.param("approval-unknown-group", f"{PURPOSE} approvers", "unknown approver group 'nobody'",
+                 id="approval-unknown-group"),
+    pytest.param("deny-granted-purpose", "runtime demo-agent allow demo",
+                 "purpose 'read_item' is denied by the enterprise", id="deny-granted-purpose"),
+    pytest.param("deny-unknown-upstream", "enterprise deny[0] upstream", "unknown upstream 'nosuch'",
+                 id="deny-unknown-upstream"),
+    pytest.param("deny-purpose-and-paths", "enterprise deny[0]", "both a purpose and methods/paths",
+                 id="deny-purpose-and-paths"),
+    pytest.param("enterprise-two-documents", "enterprise", "a second enterprise document",
+                 id="enterprise-two-documents"),
 ]
 
 
@@ -305,6 +323,14 @@ def test_shipped_policies_load() -> None:
     assert policy.runtimes["coding-agent"].identity == Identity(
         approle_role="valetkey-runtime-coding-agent"
     )
+    irreversible = {(u, p) for u, up in policy.upstreams.items() for p, purpose in up.purposes.items()
+                    if purpose.approval is not None}
+    assert irreversible == {("github", "merge_pull_request"), ("github", "create_release"),
+                            ("github", "delete_repo"), ("slack", "post_message")}
+    assert github.purposes["create_release"].approval == Approval(approvers="releases", timeout=1800)
+    assert set(policy.enterprise.approvers) == {"releases"}
+    assert policy.enterprise.denied("github", "", "POST", ("repos", "acme", "w", "transfer")) is not None
+    assert policy.enterprise.denied("github", "", "GET", ("repos", "acme", "w", "transfer")) is None
     for up in policy.upstreams.values():
         assert Path(up.source).parent == SHIPPED / "upstreams"
         assert (up.scheme, up.port, up.allow_private) == ("https", 443, False)

@@ -60,6 +60,26 @@ purposes:
     paths: [/v1/blobs]
     limits: {max_body: 64KiB}
     allow_fields: [password]
+  publish:
+    why: Publish one item (irreversible, a tester approves).
+    methods: [POST]
+    paths: [/v1/publish, /v1/publish/forbidden]
+    limits: {max_body: 64KiB}
+    approval: required
+    approvers: testers
+  publish_fast:
+    why: Publish, with a short wait for approval (the security team only).
+    methods: [POST]
+    paths: [/v1/publish-fast]
+    approval: required
+    approval_timeout: 2s
+"""
+ENTERPRISE = """version: 1
+kind: enterprise
+approvers:
+  testers: {vault_policy: valetkey-approvers-testers}
+deny:
+  - {upstream: echo, methods: [POST], paths: [/v1/publish/forbidden], why: Never published.}
 """
 
 
@@ -84,7 +104,7 @@ identity: {vault_policy: valetkey-runtime-tester}
 max_ttl: 1h
 max_grants: 16
 allow:
-  echo: [read_items, write_item, upload, limited]
+  echo: [read_items, write_item, upload, limited, publish, publish_fast]
   keyed: [read_items, write_item]
   gitbasic: [read_items]
   queried: [read_items]
@@ -160,7 +180,7 @@ def audit_line(stack: Stack, request_id: str) -> dict[str, Any]:
 
 def start_gateway(stack: Stack, name: str, **extra: str) -> ThreadedServer:
     app = GatewayApp(gateway_settings(stack, name, **extra), stack.policies.upstreams[name],
-                     resolver=loopback_resolver)
+                     resolver=loopback_resolver, enterprise=stack.policies.enterprise)
     return ThreadedServer(app, http=GatewayProtocol).start()
 
 
@@ -213,6 +233,7 @@ def gateway_stack(gateway_vault: OpenBaoDev, redis_server: RedisServer,
     raw = RawUpstream().start()
     (policy_dir / "rawleak.yaml").write_text(_policy("rawleak", f"http://127.0.0.1:{raw.port}", BEARER))
     (policy_dir / "tester.yaml").write_text(RUNTIME)
+    (policy_dir / "enterprise.yaml").write_text(ENTERPRISE)
     policies = load_policy_dir(policy_dir)
     dev = DevVault.create(vault.addr, vault.root_token, policies)
     for name, echo in echoes.items():

@@ -225,6 +225,7 @@ def test_first_run_created_everything(bootstrapped_vault: DevVault) -> None:
         ("policy", "valetkey-run"),
         ("policy", "valetkey-runtime"),
         ("policy", "valetkey-runtime-notifier"),
+        ("policy", "valetkey-approvers-releases"),  # the enterprise document's approver group
         ("approle role", "valetkey-broker"),
         ("policy", "valetkey-proxy"),
         ("approle role", "valetkey-proxy"),

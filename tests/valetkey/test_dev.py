@@ -44,13 +44,30 @@ def test_dev_stack_up_demo_and_clean_stop(tmp_path: Path) -> None:
         assert httpx.get(f"{proxy}/.valetkey/readyz", timeout=5).json()["status"] == "ready"
         commands = [line.strip().split("   #")[0].strip() for line in text.splitlines()
                      if line.strip().startswith(("set -a", "curl "))]
-        assert len(commands) == 4, text
-        source, inject, echo, passthrough = commands
+        assert len(commands) == 5, text
+        source, inject, echo, passthrough, held = commands
         outputs = [subprocess.run(["bash", "-c", f"{source}; {cmd}"], capture_output=True, text=True,
                                   timeout=30, check=False).stdout for cmd in (inject, echo, passthrough)]
         assert '"full_name": "acme/widgets"' in outputs[0]
         assert "[REDACTED:valetkey]" in outputs[1]
         assert '"error": "credential_passthrough"' in outputs[2]
+        # the console's address and a one-time sign-in link; the held release waits for a person
+        console = next(line.split()[-1] for line in text.splitlines() if "sign in once" in line)
+        assert console.startswith(f"http://127.0.0.1:{ports[2]}/console/login?code=")
+        waiting = subprocess.Popen(["bash", "-c", f"{source}; {held}"], stdout=subprocess.PIPE, text=True)
+        admin = {**os.environ, "VALETKEY_DEV_DIR": str(tmp_path),
+                 "VAULT_TOKEN": (tmp_path / "admin-token").read_text().strip()}
+        listed = ""
+        for _ in range(100):
+            listed = subprocess.run([VALETKEY, "approvals", "list"], env=admin, capture_output=True,
+                                    text=True, timeout=30, check=False).stdout
+            if "apr_" in listed:
+                break
+        approval = listed.split()[0]
+        approved = subprocess.run([VALETKEY, "approvals", "approve", approval, "--yes"], env=admin,
+                                  capture_output=True, text=True, timeout=30, check=False)
+        assert approved.returncode == 0, approved.stderr
+        assert '"tag_name": "v1.0"' in waiting.communicate(timeout=30)[0]
         ready = httpx.get(f"http://127.0.0.1:{ports[2]}/readyz", timeout=5)
         assert ready.json()["checks"] == {"vault": True, "vault_token": True, "redis": True}
     finally:

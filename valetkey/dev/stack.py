@@ -44,6 +44,8 @@ DEV_SECRET_REFRESH = "2s"  # noqa: S105 - a duration; a secret written with `val
 ECHO = ('curl -s -H "Authorization: Bearer $GITHUB_TOKEN" '
         '"$GITHUB_API_URL/repos/acme/widgets/debug/headers"')
 INJECT = 'curl -s -H "Authorization: Bearer $GITHUB_TOKEN" "$GITHUB_API_URL/repos/acme/widgets"'
+HELD = ('curl -s -H "Authorization: Bearer $GITHUB_TOKEN" -d \'{"tag_name": "v1.0"}\' '
+        '"$GITHUB_API_URL/repos/acme/widgets/releases"')
 PASSTHROUGH = ('curl -s -H "Authorization: Bearer ghp_0123456789abcdefghijABCDEFGHIJ012345" '
                '"$GITHUB_API_URL/repos/acme/widgets"')
 
@@ -103,6 +105,7 @@ class DevStack:
                      {n: f"http://{LOOPBACK}:{p}" for n, p in gateways.items()}).write(self.workdir)
             self._summary(dev_vault, broker_url, redis.url, gateways, time.monotonic() - started)
             self._tokens(dev_vault, policies)
+            self._console(dev_vault, broker_url)
             if not demo_ports:
                 self._placeholders(tuple(gateways))
             if self.demo:
@@ -151,6 +154,7 @@ class DevStack:
         url = f"http://{LOOPBACK}:{self.broker_port}"
         env = {**self._common_env(vault, redis_url, policy_dir), "VAULT_TOKEN": vault.broker_token,
                "VALETKEY_LISTEN": f"{LOOPBACK}:{self.broker_port}",
+               "VALETKEY_CONSOLE_INSECURE_COOKIES": "1",  # plain HTTP on loopback: no Secure cookies
                "VALETKEY_GATEWAY_URLS": ",".join(f"{n}=http://{LOOPBACK}:{p}" for n, p in gateways.items()),
                # bundles name the gateways (base URLs) and the egress proxy (everything else)
                "VALETKEY_PROXY_URL": f"http://{LOOPBACK}:{self.proxy_port}", "VALETKEY_EGRESS": "both"}
@@ -166,6 +170,7 @@ class DevStack:
             env = {**self._common_env(vault, redis_url, policy_dir),
                    "VAULT_TOKEN": vault.gateway_token(name),
                    "VALETKEY_BROKER_URL": broker_url, "VALETKEY_LISTEN": f"{LOOPBACK}:{port}",
+                   "VALETKEY_CONSOLE_URL": broker_url,
                    "VALETKEY_SECRET_REFRESH": os.environ.get("VALETKEY_SECRET_REFRESH", DEV_SECRET_REFRESH)}
             child = Child(f"gateway {name}", valetkey_argv("gateway", "serve", "--upstream", name), env,
                           f"http://{LOOPBACK}:{port}/.valetkey/readyz", self.workdir / f"gateway-{name}.log")
@@ -229,6 +234,19 @@ class DevStack:
         self.echo(f"  VAULT_TOKEN=$(cat {admin}) valetkey run show RUN_ID")
         self.echo("  valetkey audit query --since 15m")
 
+    def _console(self, vault: DevVault, broker_url: str) -> None:
+        """The security console's address and a one-time sign-in link for the demo admin."""
+        answer = httpx.post(f"{broker_url}/v1/console/sign-in-codes",
+                            headers={"X-Vault-Token": vault.admin_token}, timeout=10.0)
+        self.echo("")
+        self.echo(f"Security console: {broker_url}/console")
+        if answer.status_code == 200:
+            self.echo(f"  sign in once as the security team (link good for 5 minutes, one use): "
+                      f"{broker_url}{answer.json()['path']}")
+        self.echo(f"  or paste the token in {self.workdir / ADMIN_TOKEN_FILE} at {broker_url}/console/login")
+        self.echo(f"  requests waiting for a person: VAULT_TOKEN=$(cat {self.workdir / ADMIN_TOKEN_FILE}) "
+                  "valetkey approvals list")
+
     @staticmethod
     def _example_grant(policies: PolicySet, runtime: str) -> str:
         for upstream, purposes in sorted(policies.runtimes[runtime].allow.items()):
@@ -288,6 +306,7 @@ class DevStack:
             self.echo(f"  {INJECT}            # injection: the upstream saw its real secret")
             self.echo(f"  {ECHO}   # an echo of the secret comes back [REDACTED:valetkey]")
             self.echo(f"  {PASSTHROUGH}   # a real-looking token: 403 credential_passthrough")
+            self.echo(f"  {HELD}   # irreversible: waits until you approve it in the console")
 
     def _wait(self, services: list[LocalService]) -> None:
         self.echo("\nCtrl-C to stop.")

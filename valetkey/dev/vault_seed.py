@@ -98,6 +98,15 @@ class DevVault:
         with open_client(self.addr, self.root_token) as client:
             return _create_token(client, PROXY_POLICY)
 
+    def approver_token(self, group: str) -> str:
+        """A fresh token carrying the Vault policy of approver group ``group``."""
+        found = self.policies.enterprise.approvers.get(group)
+        if found is None:
+            known = sorted(self.policies.enterprise.approvers)
+            raise BadRequest(f"unknown approver group {group!r}; known: {known}")
+        with open_client(self.addr, self.root_token) as client:
+            return _create_token(client, found.vault_policy)
+
     def runtime_token(self, runtime: str) -> str:
         """A fresh token that identifies ``runtime`` the way its policy says.
 

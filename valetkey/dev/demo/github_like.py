@@ -100,6 +100,7 @@ class GitHubLike(DemoUpstream):
             Route("/app/installations/{installation}/access_tokens", self.access_tokens,
                   methods=["POST"]),
             Route("/installation/token", self.revoke_token, methods=["DELETE"]),
+            Route("/repos/{owner}/{repo}/releases", self.create_release, methods=["POST"]),
         ]
 
     def refusal(self, request: Request) -> Response | None:
@@ -195,6 +196,21 @@ class GitHubLike(DemoUpstream):
             if issue["number"] == number:
                 issue["comments"] += 1
         return json_response(comment, 201, {"location": comment["url"]})
+
+    async def create_release(self, request: Request) -> Response:
+        repo = self._repo(request)
+        if repo is None:
+            return _not_found()
+        try:
+            body = json.loads(await request.body())
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or not isinstance(body.get("tag_name"), str):
+            return json_response({"message": "Validation Failed: tag_name", "documentation_url": DOCS,
+                                  "status": "422"}, 422)
+        return json_response({"tag_name": body["tag_name"], "name": body.get("name", body["tag_name"]),
+                              "html_url": f"https://github.com/{repo.full_name}/releases/tag/{body['tag_name']}",
+                              "created_at": _stamp()}, 201)
 
     async def debug_headers(self, request: Request) -> Response:
         """Echo every request header, credentials included: the leak the gateway must redact."""

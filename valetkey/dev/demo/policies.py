@@ -83,6 +83,10 @@ def upstream_documents(ports: dict[str, int]) -> dict[str, dict[str, Any]]:
                 "debug_headers": _purpose(
                     "Demo only: the upstream echoes the request headers, so the redaction shows.",
                     ["GET"], ["/repos/{owner}/{repo}/debug/headers"], repo),
+                # irreversible: every request waits for a person (the console, `valetkey approvals`)
+                "create_release": {**_purpose("Publish a release of one repository.", ["POST"],
+                                              ["/repos/{owner}/{repo}/releases"], repo, max_body="64KiB"),
+                                   "approval": "required", "approval_timeout": "10m"},
             },
         },
         "github-git": {
@@ -148,7 +152,8 @@ def demo_grants(upstreams: tuple[str, ...] = DEMO_UPSTREAMS, owner: str = DEMO_O
         "openai": [("chat", {}), ("list_models", {})],
         "anthropic": [("messages", {}), ("list_models", {})],
         "github": [("read_repo", bound), ("read_issues", bound),
-                   ("comment_issue", {**bound, "number": str(issue)}), ("debug_headers", bound)],
+                   ("comment_issue", {**bound, "number": str(issue)}), ("debug_headers", bound),
+                   ("create_release", bound)],
         "github-git": [("clone", {"owner": owner, "repo": f"{repo}.git"}),
                        ("push", {"owner": owner, "repo": f"{repo}.git"})],
     }
