@@ -105,6 +105,17 @@ class Reason(StrEnum):
     DEST_MULTICAST = "dest_multicast"
     DEST_INVALID = "dest_invalid"
     DEST_UNRESOLVABLE = "dest_unresolvable"
+    # run-scoped credentials (gateways/sources/): the source could not issue, or refused
+    CREDENTIAL_SOURCE_UNAVAILABLE = "credential_source_unavailable"
+    CREDENTIAL_SOURCE_REFUSED = "credential_source_refused"
+    # the Postgres gateway (gateways/pg_session.py): refusals of the wire protocol's start-up
+    PROTOCOL_VIOLATION = "protocol_violation"  # not PostgreSQL protocol 3.0 as we speak it
+    TLS_REQUIRED = "tls_required"  # a password over a non-TLS, non-loopback connection
+    RUN_MISMATCH = "run_mismatch"  # the user name is not the token's run
+    DATABASE_NOT_GRANTED = "database_not_granted"  # another database than the policy's
+    PURPOSE_AMBIGUOUS = "purpose_ambiguous"  # several purposes granted, none named
+    RUN_EXPIRED = "run_expired"  # the run's token expired while its session was open
+    DATABASE_UNAVAILABLE = "database_unavailable"  # the database refused or could not be reached
 
 
 class ValetkeyError(Exception):
