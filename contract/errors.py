@@ -87,6 +87,8 @@ class Reason(StrEnum):
     CREDENTIAL_PASSTHROUGH = "credential_passthrough"  # gateways/credential_scan.py
     # gateway: secrets and upstream
     SECRET_UNAVAILABLE = "secret_unavailable"  # noqa: S105 - a reason code, not a secret
+    CREDENTIAL_SOURCE_UNAVAILABLE = "credential_source_unavailable"  # gateways/sources: 503
+    CREDENTIAL_SOURCE_REFUSED = "credential_source_refused"  # gateways/sources: 502
     UPSTREAM_CONNECT_TIMEOUT = "upstream_connect_timeout"
     UPSTREAM_TIMEOUT = "upstream_timeout"
     UPSTREAM_UNREACHABLE = "upstream_unreachable"

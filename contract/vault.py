@@ -195,6 +195,33 @@ class VaultClient:
         if response.status_code not in (200, 204):
             raise UpstreamError(f"vault refused to revoke a lease ({response.status_code})",
                                 Reason.CREDENTIAL_SOURCE_REFUSED)
+    async def transit_sign_rs256(self, mount: str, key: str, message: bytes) -> bytes:
+        """An RS256 signature (RSASSA-PKCS1-v1_5 with SHA-256) of ``message`` by a transit RSA key."""
+        body = {"input": base64.b64encode(message).decode(), "hash_algorithm": "sha2-256",
+                "signature_algorithm": "pkcs1v15"}
+        data = await self._data("POST", f"{mount}/sign/{key}", body)
+        sig = data.get("signature", "")
+        if not isinstance(sig, str) or not sig.startswith("vault:v") or sig.count(":") != 2:
+            raise UpstreamError("transit signing failed", Reason.SIGNING_FAILED)
+        return base64.b64decode(sig.rsplit(":", 1)[1])
+
+    async def kv_read_fields(self, mount: str, path: str) -> tuple[dict[str, Secret], int]:
+        """Every field of a KV v2 secret (as secrets) and its version."""
+        data = await self._data("GET", f"{mount}/data/{path}")
+        fields = data.get("data") or {}
+        version = (data.get("metadata") or {}).get("version", 0)
+        return {k: Secret(v) for k, v in fields.items() if isinstance(v, str)}, int(version or 0)
+
+    async def kv_write_field(self, ref: SecretRef, value: Secret) -> None:
+        """Set one field of a KV v2 secret, keeping its other fields (check-and-set on the version
+        read, so a concurrent writer is not overwritten silently)."""
+        fields, version = await self.kv_read_fields(ref.mount, ref.path)
+        body = {"options": {"cas": version},
+                "data": {**{k: v.reveal() for k, v in fields.items()}, ref.field: value.reveal()}}
+        response = await self._request("POST", ref.api_path, body)
+        if response.status_code not in (200, 204):
+            raise UpstreamError(f"vault refused writing {ref.api_path} with {response.status_code}",
+                                Reason.VAULT_UNAVAILABLE)
 
     async def approle_login(self, role_id: str, secret_id: Secret) -> tuple[Secret, int]:
         """Log in with AppRole; returns the client token and its lease in seconds."""

@@ -80,6 +80,8 @@ class AuditRecord:
     upstream_addr: str = ""
     redactions: int = 0
     passthrough: str = ""  # where a real-looking credential was found (never the value)
+    credential_kind: str = ""  # a run-scoped credential source's kind (gateways/sources), or ""
+    credential_id: str = ""  # its non-secret identifier (token expiry, lease id), never the value
 
     def to_json(self) -> str:
         # every field is a str, int or float: a shallow dict is the whole record (asdict deep-copies)

@@ -12,6 +12,7 @@ from contract.claims import AccessClaims
 from gateways.audit import AuditRecord, masked_path
 from gateways.credentials import Headers
 from gateways.paths import CanonicalPath
+from gateways.sources.cache import Held
 from policies.model import Purpose
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -37,6 +38,7 @@ class Exchange:
     upstream_query: bytes = b""
     response_started: bool = False
     release_slot: Callable[[], None] | None = None
+    held: Held[Any] | None = None  # the run's issued credential (a credential source), or None
 
     @property
     def method(self) -> str:

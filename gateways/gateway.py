@@ -33,6 +33,9 @@ from gateways.revocation_watcher import RevocationWatcher
 from gateways.runslots import RunSlots
 from gateways.secret_store import SecretStore
 from gateways.settings import GatewaySettings
+from gateways.sources import build_source
+from gateways.sources.cache import RunCredentials
+from gateways.sources.metrics import SourceMetrics
 from gateways.upstream import UpstreamClient
 from policies.model import Alerting, Injection, Placement, Upstream
 
@@ -74,6 +77,7 @@ class Gateway:
     slots: RunSlots
     detectors: Detectors
     webhook: WebhookSender
+    credentials: RunCredentials[Redactor] | None = None  # a run-scoped credential source's cache
     _scanner: tuple[int, CredentialScanner] | None = field(default=None, repr=False)
     _metrics_server: tuple[Any, Any] | None = field(default=None, repr=False)
     _redactor: tuple[int, Redactor] | None = field(default=None, repr=False)
@@ -102,6 +106,11 @@ class Gateway:
             current = self._redactor = (self.secrets.version, Redactor(values, extra))
         return current[1]
 
+    def forms(self, values: tuple[Secret, ...]) -> Redactor:
+        """The redactor of one issued credential (and the value it replaced): built in a thread."""
+        raw = [v.reveal().encode() for v in values]
+        return Redactor(raw, [f for v in raw for f in injected_forms(self.upstream.injection, v)])
+
     @classmethod
     def build(cls, settings: GatewaySettings, upstream: Upstream, resolver: Resolver | None = None,
               alerting: Alerting | None = None) -> Gateway:
@@ -128,7 +137,7 @@ class Gateway:
                           settings.audit_buffer)
         detectors = Detectors(redis, policy, webhook, settings.audit_maxlen)
         audit.observer = detectors.observe
-        return cls(
+        gateway = cls(
             settings=settings, upstream=upstream, vault=vault, redis=redis,
             secrets=SecretStore(vault, upstream.secret, role_id=settings.approle_role_id,
                                 secret_id=settings.approle_secret_id,
@@ -147,6 +156,18 @@ class Gateway:
             budgets=Budgets(redis, upstream), slots=RunSlots(upstream.run_limits.concurrent),
             detectors=detectors, webhook=webhook,
         )
+        upstream_tls: ssl.SSLContext | bool = (
+            ssl.create_default_context(cafile=settings.upstream_ca_file)
+            if settings.upstream_ca_file else True
+        )
+        source = build_source(upstream, vault, upstream_tls)
+        if source is not None:
+            credentials = RunCredentials(source, upstream.name, SourceMetrics(metrics.registry),
+                                         gateway.forms)
+            credentials.revoked = revocations.revoked
+            revocations.listeners.append(lambda record: credentials.end_runs(record.covers))
+            gateway.credentials = credentials
+        return gateway
 
     async def start(self) -> None:
         settings = self.settings
@@ -155,6 +176,8 @@ class Gateway:
         await self.revocations.start()
         await self.webhook.start()
         await self.secrets.start()
+        if self.credentials is not None:
+            await self.credentials.start()
         await asyncio.to_thread(self.redactor)  # compile the forms now, not on the first request
         await self.resolver.start()
         await self.keys.start()
@@ -172,6 +195,8 @@ class Gateway:
         await self.audit.stop()
         await self.webhook.stop()
         await self.revocations.stop()
+        if self.credentials is not None:
+            await self.credentials.stop()
         await self.secrets.stop()
         await self.resolver.stop()
         await self.keys.stop()

@@ -231,9 +231,17 @@ async def _limited_stream(ex: Exchange, limit: int) -> AsyncIterator[bytes]:
 
 
 async def inject_secret(gw: Gateway, ex: Exchange) -> None:
-    """Strip every client credential and routing header, then inject the real secret.
-    Fills upstream_headers and upstream_query. Reason: secret_unavailable (store stale)."""
-    secret = gw.secrets.current()
+    """Strip every client credential and routing header, then inject the real secret: the KV
+    secret, or the run's credential from its source (issued on the run's first request, cached).
+    Fills upstream_headers, upstream_query and held. Reasons: secret_unavailable (store stale),
+    credential_source_unavailable, credential_source_refused."""
+    if gw.credentials is not None and ex.claims is not None:
+        ex.held = await gw.credentials.get(ex.claims)
+        credential = ex.held.credential
+        ex.record.credential_kind, ex.record.credential_id = credential.kind, credential.id
+        secret = credential.value
+    else:
+        secret = gw.secrets.current()
     headers = forwarded_headers(ex.headers, gw.upstream.injection)
     ex.upstream_headers, ex.upstream_query = inject(headers, ex.query, gw.upstream.injection, secret)
 

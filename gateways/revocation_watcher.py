@@ -51,6 +51,8 @@ class RevocationWatcher:
         self._ready = asyncio.Event()
         self._streams: dict[asyncio.Task[Any], AccessClaims] = {}
         self.applied = 0  # revocation messages applied (tests and the propagation benchmark)
+        # called with each revocation applied (run-scoped credentials end the runs it covers)
+        self.listeners: list[Callable[[Revocation], None]] = []
 
     @property
     def fresh(self) -> bool:
@@ -65,6 +67,10 @@ class RevocationWatcher:
 
     async def run_check(self, claims: AccessClaims) -> None:
         self.check(claims)
+
+    def revoked(self, claims: AccessClaims) -> bool:
+        """Does the last known state deny ``claims``? (no freshness check: for the reaper)"""
+        return self.state.find(claims) is not None
 
     def track(self, claims: AccessClaims) -> Callable[[], None]:
         """Register the current task as a stream of ``claims``; returns the unregister call."""
@@ -92,6 +98,8 @@ class RevocationWatcher:
     def _apply(self, record: Revocation) -> None:
         self.state.apply(record)
         self.applied += 1
+        for listener in self.listeners:
+            listener(record)
         for task, claims in list(self._streams.items()):
             if record.covers(claims) and not task.done():
                 task.cancel(f"revoked:{record.key}")

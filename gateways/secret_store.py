@@ -35,7 +35,7 @@ class SecretStore:
     def __init__(
         self,
         vault: VaultClient,
-        ref: SecretRef,
+        ref: SecretRef | None,
         *,
         role_id: str = "",
         secret_id: Secret | None = None,
@@ -60,7 +60,8 @@ class SecretStore:
         self.version = 0  # bumps on every change; redaction rebuilds its forms on a new version
 
     def __repr__(self) -> str:
-        return f"SecretStore(ref={self._ref.api_path!r}, version={self.version})"
+        path = self._ref.api_path if self._ref else None
+        return f"SecretStore(ref={path!r}, version={self.version})"
 
     async def _login(self) -> None:
         if not self._role_id or self._secret_id is None:
@@ -83,6 +84,9 @@ class SecretStore:
     async def load(self) -> None:
         """Read the secret now (start-up and each refresh); raises on failure."""
         await self._login()
+        if self._ref is None:  # a credential source issues the credential: keep the login fresh
+            self._loaded_at = self._clock()
+            return
         value = await self._vault.kv_read(self._ref)
         if value != self._current:
             if self._current is not None:
@@ -103,7 +107,8 @@ class SecretStore:
 
     async def start(self) -> None:
         await self.load()
-        self._task = asyncio.create_task(self._run(), name=f"secret-refresh:{self._ref.path}")
+        name = self._ref.path if self._ref else "login"
+        self._task = asyncio.create_task(self._run(), name=f"secret-refresh:{name}")
 
     async def stop(self) -> None:
         await stop_task(self._task)

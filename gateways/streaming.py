@@ -4,9 +4,11 @@ headers and body redacted, compressed bodies decoded first (``dial_and_stream`` 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
+from gateways.credentials import forwarded_headers, inject
 from gateways.encodings import BodyDecoder, body_decoder
 from gateways.exchange import Exchange
 from gateways.sse import SseRedactor, body_stream
@@ -17,6 +19,10 @@ if TYPE_CHECKING:
     from gateways.http1 import Response
     from gateways.redact import Redactor, StreamRedactor
 
+log = logging.getLogger("valetkey.gateway")
+# methods sent again after the upstream refused an expired credential (RFC 9110 idempotent)
+IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+
 
 async def exchange(gw: Gateway, ex: Exchange, address: str, raw_target: bytes) -> None:
     """Send the request, then stream the response back redacted: every header value, and the body
@@ -24,11 +30,11 @@ async def exchange(gw: Gateway, ex: Exchange, address: str, raw_target: bytes) -
     A body that does not decode is refused before any byte is sent, or cut where it stops decoding.
     Reasons: undecodable_response, decompression_bomb, sse_event_too_large, upstream_timeout,
     upstream_protocol_error."""
-    response = await gw.client.open(ex.method, address, raw_target, ex.upstream_headers, ex.body)
+    response = await _open(gw, ex, address, raw_target)
     header_redactions = 0
     stream: SseRedactor | StreamRedactor | None = None
     try:
-        redactor = await _current_redactor(gw)
+        redactor = ex.held.forms if ex.held is not None else await _current_redactor(gw)
         stream = body_stream(redactor, response.headers)  # SSE: redacted as the client joins it
         decoder = body_decoder(v for k, v in response.headers if k.lower() == b"content-encoding")
         body = _decoded_body(response, decoder)
@@ -51,6 +57,26 @@ async def exchange(gw: Gateway, ex: Exchange, address: str, raw_target: bytes) -
     finally:
         ex.record.redactions = header_redactions + (stream.count if stream else 0)
         await response.aclose()
+
+
+async def _open(gw: Gateway, ex: Exchange, address: str, raw_target: bytes) -> Response:
+    """Send the request; if the upstream refuses an issued credential (401, e.g. expired early or
+    revoked upstream), refresh it once and send an idempotent request again with the new one."""
+    response = await gw.client.open(ex.method, address, raw_target, ex.upstream_headers, ex.body)
+    if (response.status != 401 or ex.held is None or ex.claims is None or gw.credentials is None
+            or ex.method not in IDEMPOTENT or not isinstance(ex.body, bytes)):
+        return response
+    await response.aclose()
+    ex.held = await gw.credentials.refresh_now(ex.claims, ex.held.credential)
+    ex.record.credential_id = ex.held.credential.id
+    headers = forwarded_headers(ex.headers, gw.upstream.injection)
+    ex.upstream_headers, ex.upstream_query = inject(headers, ex.query, gw.upstream.injection,
+                                                    ex.held.credential.value)
+    path = raw_target.split(b"?", 1)[0]
+    raw_target = path + (b"?" + ex.upstream_query if ex.upstream_query else b"")
+    log.info('{"event":"credential_retry","request_id":"%s","kind":"%s"}', ex.record.request_id,
+             ex.held.credential.kind)
+    return await gw.client.open(ex.method, address, raw_target, ex.upstream_headers, ex.body)
 
 
 async def _current_redactor(gw: Gateway) -> Redactor:

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
+from policies.sources import CredentialSource, KvSource
+from policies.sources import SecretRef as SecretRef  # defined with the other sources; named here too
 from policies.templates import PathTemplate
 
 POLICY_VERSION = 1
@@ -18,19 +20,6 @@ class Placement(StrEnum):
     HEADER = "header"
     BASIC = "basic"
     QUERY = "query"
-
-
-@dataclass(frozen=True)
-class SecretRef:
-    """A Vault KV v2 location: ``{mount}/data/{path}``, field ``field``."""
-
-    mount: str
-    path: str
-    field: str
-
-    @property
-    def api_path(self) -> str:
-        return f"{self.mount}/data/{self.path}"
 
 
 @dataclass(frozen=True)
@@ -138,13 +127,14 @@ class Upstream:
     scheme: str
     host: str
     port: int
-    secret: SecretRef
+    secret: SecretRef | None  # the KV secret (kind kv); None for another credential source
     injection: Injection
     env: SandboxEnv
     purposes: Mapping[str, Purpose]
     allow_private: bool = False
     run_limits: RunLimits = field(default_factory=lambda: RunLimits())
-    source: str = ""
+    source: str = ""  # the policy file
+    credential_source: CredentialSource = field(default_factory=KvSource)
     protocol: str = "http"  # or "postgres" (policies/postgres_doc.py: no HTTP fields apply)
     postgres: PostgresTarget | None = None
 

@@ -24,6 +24,8 @@ from policies.model import (
 )
 from policies.origins import Origin, OriginError, parse_origin
 from policies.report import Report, description, keys, label, mapping, string
+from policies.source_doc import source
+from policies.sources import KvSource
 from policies.templates import PathTemplate, TemplateError
 from policies.units import parse_rate, parse_size
 
@@ -52,14 +54,14 @@ def upstream(doc: dict[str, Any], r: Report) -> Upstream | None:
     rule = label("upstream", doc)
     known = keys(
         doc, rule,
-        {"version", "kind", "name", "base_url", "secret", "inject", "env", "purposes"},
-        {"allow_private", "description", "run_limits"}, r,
+        {"version", "kind", "name", "base_url", "inject", "env", "purposes"},
+        {"allow_private", "description", "run_limits", "secret", "source"}, r,
     )
     name = string(doc["name"], f"{rule} name", r, NAME) if "name" in doc else None
     if not known or name is None or not description(doc, rule, r):
         return None
     url = _base_url(doc["base_url"], f"{rule} base_url", r)
-    secret = _secret(doc["secret"], f"{rule} secret", r)
+    secret = _secret(doc["secret"], f"{rule} secret", r) if "secret" in doc else None
     injection = _injection(doc["inject"], f"{rule} inject", r)
     env = _env(doc["env"], f"{rule} env", r)
     purposes = _purposes(doc["purposes"], rule, r)
@@ -68,14 +70,24 @@ def upstream(doc: dict[str, Any], r: Report) -> Upstream | None:
         r.add(f"{rule} allow_private", "expected true or false", "write `allow_private: false`")
         return None
     limits = run_limits(doc.get("run_limits", {}), f"{rule} run_limits", r)
-    if url is None or secret is None or injection is None or env is None or purposes is None:
+    if url is None or injection is None or env is None or purposes is None or limits is None:
         return None
-    if limits is None:
+    origin = source(doc.get("source", {}), f"{rule} source", purposes, url.url, r)
+    if origin is None:
+        return None
+    if isinstance(origin, KvSource) and secret is None:
+        if "secret" not in doc:  # an invalid one has already said why
+            r.add(rule, "missing key 'secret'",
+                  "add `secret: {path: ..., field: ...}` (or a `source:` of another kind)")
+        return None
+    if not isinstance(origin, KvSource) and "secret" in doc:
+        r.add(f"{rule} secret", f"a {origin.kind.value} source issues the credential; no KV secret "
+              "is read", "remove `secret:`")
         return None
     return Upstream(
         name=name, base_url=url.url, scheme=url.scheme, host=url.host, port=url.port, secret=secret,
         injection=injection, env=env, purposes=MappingProxyType(purposes),
-        allow_private=allow_private, run_limits=limits, source=r.file,
+        allow_private=allow_private, run_limits=limits, source=r.file, credential_source=origin,
     )
 
 

@@ -31,7 +31,8 @@ import hvac
 import hvac.exceptions
 
 from contract.errors import BadRequest, Reason, Unauthenticated, Unavailable, UpstreamError
-from policies.model import PolicySet
+from policies.model import PolicySet, Upstream
+from policies.sources import vault_access
 
 HCL_DIR = Path(__file__).resolve().parent / "hcl"  # package data: installed with valetkey
 BROKER_POLICY = "valetkey-broker"
@@ -150,7 +151,8 @@ def bootstrap(
     report = BootstrapReport()
     with vault_errors(addr, "look up its own token"):
         client.auth.token.lookup_self()
-    kv_mounts = sorted({lay.kv_mount} | {u.secret.mount for u in policies.upstreams.values()})
+    kv_mounts = sorted({lay.kv_mount} | {u.secret.mount for u in policies.upstreams.values()
+                                         if u.secret is not None})
     with vault_errors(addr, "set up secrets engines"):
         for mount in kv_mounts:
             _ensure_engine(client, report, mount, "kv", {"version": "2"})
@@ -192,8 +194,7 @@ def _policy_documents(
         (RUNTIME_POLICY, runtime_hcl, True),
     ]
     for up in policies.upstreams.values():
-        values = {"upstream": up.name, "secret_path": up.secret.api_path}
-        docs.append((gateway_name(up.name), _render(hcl_dir, "gateway.hcl.tmpl", values), True))
+        docs.append((gateway_name(up.name), _gateway_hcl(hcl_dir, up), True))
     # A runtime's own policy may be the operator's: created when missing, never overwritten.
     docs.extend(
         (rt.identity.vault_policy, runtime_hcl, False)
@@ -201,6 +202,17 @@ def _policy_documents(
         if rt.identity.vault_policy
     )
     return docs
+
+
+def _gateway_hcl(hcl_dir: Path, up: Upstream) -> str:
+    """The gateway's policy: its KV secret (kind kv), or what its credential source needs."""
+    if up.secret is not None:
+        return _render(hcl_dir, "gateway.hcl.tmpl", {"upstream": up.name, "secret_path": up.secret.api_path})
+    lines = [f"# valetkey-gateway-{up.name}: the injection gateway for upstream `{up.name}`.",
+             f"# Its {up.credential_source.kind.value} credential source needs these paths and nothing else."]
+    for path, caps in vault_access(up.credential_source, up.secret):
+        lines += [f'path "{path}" {{', f"  capabilities = {caps}", "}"]
+    return "\n".join(lines) + "\n"
 
 
 def _check_names(policies: PolicySet, lay: Layout) -> None:

@@ -48,6 +48,9 @@ def secret_put(upstream: str, policy_dir: Path | None, vault_addr: str | None) -
     up = policies.upstreams.get(upstream)
     if up is None:
         fail(f"no upstream {upstream!r} in {directory}; upstreams: {', '.join(sorted(policies.upstreams))}")
+    if up.secret is None:
+        fail(f"{upstream} has a {up.credential_source.kind.value} credential source: its gateway issues "
+             "credentials itself and reads no KV secret (docs/operations.md, credential sources)")
     addr = vault_addr or (dev.vault_addr if dev else "")
     token = os.environ.get("VAULT_TOKEN", "")
     if not token and dev is not None:

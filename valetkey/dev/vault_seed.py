@@ -36,6 +36,8 @@ def seed_demo_secrets(client: Any, policies: PolicySet, kind: str = "real") -> d
     seeded: dict[str, str] = {}
     with vault_errors(str(client.url), "write demo secrets"):
         for up in policies.upstreams.values():
+            if up.secret is None:  # a credential source issues it: nothing to seed
+                continue
             value = f"{kind}-{up.name}-secret-{token_hex(12)}"
             client.secrets.kv.v2.create_or_update_secret(
                 path=up.secret.path, mount_point=up.secret.mount, secret={up.secret.field: value}
