@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from urllib.parse import urlsplit
 from typing import Any
 
 from broker.runs import RunRecord
@@ -21,7 +22,9 @@ def render(
         gateway = settings.gateway_url(upstream_name).rstrip("/")
         gateways[upstream_name] = gateway
         env[upstream.env.placeholder] = token
-        env[upstream.env.base_url] = gateway + upstream.env.base_path
+        env[upstream.env.base_url] = (
+            database_url(gateway, record.run_id, upstream.postgres.database)
+            if upstream.postgres is not None else gateway + upstream.env.base_path)
     # for tools inside the sandbox (``valetkey selftest``): which gateways this run may use
     env["VALETKEY_RUN_ID"] = record.run_id
     env["VALETKEY_GATEWAYS"] = ",".join(f"{name}={url}" for name, url in sorted(gateways.items()))
@@ -35,6 +38,15 @@ def render(
         "env": env,
         "dotenv": dotenv(env),
     }
+
+
+def database_url(gateway: str, run_id: str, database: str) -> str:
+    """A Postgres gateway's URL for the sandbox: user = the run id, the password is the token in
+    the placeholder variable (PGPASSWORD), ``sslmode`` from the configured gateway URL (default
+    ``require``: the token never crosses a network in the clear)."""
+    parts = urlsplit(gateway)
+    query = parts.query or "sslmode=require"
+    return f"postgresql://{run_id}@{parts.netloc}/{database}?{query}"
 
 
 def dotenv(env: dict[str, str]) -> str:

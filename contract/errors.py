@@ -107,9 +107,6 @@ class Reason(StrEnum):
     DEST_MULTICAST = "dest_multicast"
     DEST_INVALID = "dest_invalid"
     DEST_UNRESOLVABLE = "dest_unresolvable"
-    # run-scoped credentials (gateways/sources/): the source could not issue, or refused
-    CREDENTIAL_SOURCE_UNAVAILABLE = "credential_source_unavailable"
-    CREDENTIAL_SOURCE_REFUSED = "credential_source_refused"
     # the Postgres gateway (gateways/pg_session.py): refusals of the wire protocol's start-up
     PROTOCOL_VIOLATION = "protocol_violation"  # not PostgreSQL protocol 3.0 as we speak it
     TLS_REQUIRED = "tls_required"  # a password over a non-TLS, non-loopback connection

@@ -1,0 +1,184 @@
+"""Postgres fixtures: a fresh PostgreSQL cluster (Debian's package), an OpenBao whose database
+secrets engine manages it, a broker minting for a ``protocol: postgres`` upstream, and the Postgres
+gateway in a thread of its own (its own event loop), on loopback ports."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import hvac
+import pytest
+
+from broker.app import create_app
+from broker.settings import BrokerSettings
+from gateways.pg_gateway import PgGateway
+from gateways.settings import GatewaySettings
+from policies.load import load_policy_dir
+from policies.model import PolicySet
+from tests.support.servers import ThreadedServer
+from valetkey.database_engine import DatabaseRole, configure_engine, database_sql, schema_sql
+from valetkey.dev.postgres import PostgresServer
+from valetkey.dev.services import OpenBaoDev, RedisServer, free_port
+from valetkey.dev.vault_seed import DevVault
+
+ISSUER = "http://broker.pg-tests.valetkey.test"
+DATABASE = "app"
+MANAGER = "valetkey_vault"
+ENV = {"appdb": ("PGPASSWORD", "DATABASE_URL"), "budgeted": ("BUDGETED_PGPASSWORD", "BUDGETED_URL")}
+LEASE_TTL = 60  # the Vault roles' default_ttl in the tests: renewed by the gateway while held
+
+
+def upstream_policy(name: str, port: int, requests: int | None = None) -> str:
+    limits = f"run_limits: {{requests: {requests}}}\n" if requests else ""
+    return f"""version: 1
+kind: upstream
+name: {name}
+protocol: postgres
+allow_private: true
+{limits}postgres: {{host: 127.0.0.1, port: {port}, database: {DATABASE}, tls: disable}}
+source: {{kind: vault_database, mount: database, roles: {{read: valetkey-{name}-ro, write: valetkey-{name}-rw}}}}
+env: {{placeholder: {ENV[name][0]}, base_url: {ENV[name][1]}}}
+purposes:
+  read: {{why: Read the application's tables.}}
+  write: {{why: Change rows in the application's tables.}}
+"""
+
+
+RUNTIME = """version: 1
+kind: runtime
+name: pgtester
+identity: {vault_policy: valetkey-runtime-pgtester}
+max_ttl: 1h
+allow:
+  appdb: [read, write]
+  budgeted: [read]
+"""
+
+
+class LoopThread:
+    """An asyncio loop in a daemon thread: the gateway runs there as it would in its process."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Any, timeout: float = 30.0) -> Any:
+        future: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return future.result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        self.loop.close()
+
+
+@dataclass
+class PgStack:
+    postgres: PostgresServer
+    vault: DevVault
+    policies: PolicySet
+    broker_url: str
+    redis_url: str
+    loop: LoopThread
+    gateways: dict[str, PgGateway] = field(default_factory=dict)
+
+    def mint(self, upstream: str, purpose: str, ttl: str = "10m") -> dict[str, Any]:
+        response = httpx.post(f"{self.broker_url}/v1/runs",
+                              json={"grants": [{"upstream": upstream, "purpose": purpose}], "ttl": ttl},
+                              headers={"X-Vault-Token": self.vault.runtime_token("pgtester")})
+        response.raise_for_status()
+        bundle: dict[str, Any] = response.json()
+        return bundle
+
+    def end(self, run_id: str) -> None:
+        httpx.delete(f"{self.broker_url}/v1/runs/{run_id}",
+                     headers={"X-Vault-Token": self.vault.admin_token}).raise_for_status()
+
+    def revoke(self, run_id: str) -> None:
+        httpx.post(f"{self.broker_url}/v1/revocations", json={"scope": "run", "name": run_id, "reason": "test"},
+                   headers={"X-Vault-Token": self.vault.admin_token}).raise_for_status()
+
+    def dsn(self, bundle: dict[str, Any], upstream: str = "appdb", **override: str) -> str:
+        """libpq conninfo from the bundle (URL + PGPASSWORD), with overrides."""
+        password_var, url_var = ENV[upstream]
+        url = httpx.URL(bundle["env"][url_var])
+        values = {"host": url.host, "port": str(url.port), "dbname": url.path.lstrip("/"),
+                  "user": url.username, "password": bundle["env"][password_var], "sslmode": "disable",
+                  "connect_timeout": "5", **override}
+        return " ".join(f"{k}={v}" for k, v in values.items())
+
+    def database_users(self) -> list[str]:
+        out = self.postgres.sql("SELECT rolname FROM pg_roles WHERE rolname LIKE 'v-%' ORDER BY 1")
+        return [line for line in out.splitlines() if line]
+
+    def start_gateway(self, name: str, **extra: str) -> PgGateway:
+        env = {"VAULT_ADDR": self.vault.addr, "VAULT_TOKEN": self.vault.gateway_token(name),
+               "VALETKEY_REDIS_URL": self.redis_url, "VALETKEY_BROKER_URL": self.broker_url,
+               "VALETKEY_ISSUER": ISSUER, "VALETKEY_LISTEN": "127.0.0.1:0", **extra}
+        settings = GatewaySettings.from_env(name, env)
+
+        async def start() -> PgGateway:
+            gateway = PgGateway.build(settings, self.policies.upstreams[name], env=env, lease_tick=0.2)
+            await gateway.start()
+            return gateway
+
+        gateway: PgGateway = self.loop.run(start())
+        self.gateways[name] = gateway
+        return gateway
+
+
+def prepare_database(postgres: PostgresServer, manager_password: str) -> None:
+    postgres.sql(f"CREATE DATABASE {DATABASE}")
+    for statement in database_sql(DATABASE, MANAGER, manager_password):
+        postgres.sql(statement)
+    postgres.sql("CREATE TABLE items (id int PRIMARY KEY, name text NOT NULL); "
+                 "INSERT INTO items VALUES (1, 'first'), (2, 'second')", database=DATABASE)
+    for statement in schema_sql(postgres.superuser):
+        postgres.sql(statement, database=DATABASE)
+
+
+@pytest.fixture(scope="session")
+def pg_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgStack]:
+    policy_dir = tmp_path_factory.mktemp("pg-policies")
+    with PostgresServer() as postgres, OpenBaoDev() as bao, RedisServer() as redis_server:
+        manager_password = f"mgr-{free_port()}-{id(postgres)}"
+        prepare_database(postgres, manager_password)
+        # the gateway URL the broker hands out is filled in once the gateway listens
+        gateway_ports = {"appdb": free_port(), "budgeted": free_port()}
+        for name, port in gateway_ports.items():
+            (policy_dir / f"{name}.yaml").write_text(
+                upstream_policy(name, postgres.port, requests=3 if name == "budgeted" else None))
+        (policy_dir / "pgtester.yaml").write_text(RUNTIME)
+        policies = load_policy_dir(policy_dir)
+        dev = DevVault.create(bao.addr, bao.root_token, policies)
+        client = hvac.Client(url=bao.addr, token=bao.root_token)
+        for name in gateway_ports:
+            configure_engine(client, mount="database", connection=name, host="127.0.0.1", port=postgres.port,
+                             database=DATABASE, manager=MANAGER, manager_password=manager_password,
+                             roles={p: DatabaseRole(f"valetkey-{name}-{g}", f"valetkey_{g}", LEASE_TTL)
+                                    for p, g in (("read", "ro"), ("write", "rw"))}, sslmode="disable")
+        urls = ",".join(f"{n}=postgresql://127.0.0.1:{p}?sslmode=disable" for n, p in gateway_ports.items())
+        settings = BrokerSettings.from_env({
+            "VAULT_ADDR": dev.addr, "VAULT_TOKEN": dev.broker_token, "VALETKEY_REDIS_URL": redis_server.url,
+            "VALETKEY_POLICY_DIR": str(Path(policy_dir)), "VALETKEY_ISSUER": ISSUER,
+            "VALETKEY_GATEWAY_URLS": urls,
+        })
+        loop = LoopThread()
+        with ThreadedServer(create_app(settings, policies)) as broker:
+            stack = PgStack(postgres, dev, policies, broker.url, redis_server.url, loop)
+            try:
+                for name, port in gateway_ports.items():
+                    stack.start_gateway(name, VALETKEY_LISTEN=f"127.0.0.1:{port}")
+                yield stack
+            finally:
+                for gateway in stack.gateways.values():
+                    loop.run(gateway.stop())
+                loop.close()
