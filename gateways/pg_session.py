@@ -49,17 +49,23 @@ if TYPE_CHECKING:
 PASSED_PARAMS = frozenset({"application_name", "client_encoding", "DateStyle", "TimeZone",
                            "extra_float_digits", "IntervalStyle", "search_path"})
 READ_CHUNK = 64 * 1024
+class SessionEnded(ValetkeyError):
+    """The session was ended from outside (revocation, expiry): reason set by whoever ended it."""
+
+    status = 401
+
+
 _SQLSTATE = {
     Reason.DATABASE_NOT_GRANTED: wire.INVALID_CATALOG_NAME,
     Reason.RUN_CONCURRENCY_EXCEEDED: wire.TOO_MANY_CONNECTIONS,
     Reason.CONNECTION_LIMIT: wire.TOO_MANY_CONNECTIONS,
     Reason.BUDGET_EXCEEDED: wire.CONFIGURATION_LIMIT,
-    Reason.TOKEN_REVOKED: wire.ADMIN_SHUTDOWN,
-    Reason.RUN_EXPIRED: wire.ADMIN_SHUTDOWN,
 }
 
 
 def sqlstate(exc: ValetkeyError) -> str:
+    if isinstance(exc, SessionEnded):
+        return wire.ADMIN_SHUTDOWN
     if exc.reason in _SQLSTATE:
         return _SQLSTATE[exc.reason]
     if exc.status == 401:
@@ -76,12 +82,6 @@ def _loopback(peer: object) -> bool:
         return isinstance(peer, tuple) and ipaddress.ip_address(str(peer[0]).split("%")[0]).is_loopback
     except ValueError:
         return False
-
-
-class SessionEnded(ValetkeyError):
-    """The session was ended from outside (revocation, expiry): reason set by whoever ended it."""
-
-    status = 401
 
 
 class PgSession:

@@ -91,8 +91,10 @@ class PgStack:
     gateways: dict[str, PgGateway] = field(default_factory=dict)
 
     def mint(self, upstream: str, purpose: str, ttl: str = "10m") -> dict[str, Any]:
-        response = httpx.post(f"{self.broker_url}/v1/runs",
-                              json={"grants": [{"upstream": upstream, "purpose": purpose}], "ttl": ttl},
+        return self.mint_grants([{"upstream": upstream, "purpose": purpose}], ttl)
+
+    def mint_grants(self, grants: list[dict[str, str]], ttl: str = "10m") -> dict[str, Any]:
+        response = httpx.post(f"{self.broker_url}/v1/runs", json={"grants": grants, "ttl": ttl},
                               headers={"X-Vault-Token": self.vault.runtime_token("pgtester")})
         response.raise_for_status()
         bundle: dict[str, Any] = response.json()
