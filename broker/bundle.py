@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import shlex
-from urllib.parse import urlsplit
 from typing import Any
+from urllib.parse import urlsplit
 
 from broker.runs import RunRecord
 from broker.settings import BrokerSettings

@@ -96,7 +96,8 @@ class PgGateway:
               resolver: Resolver | None = None, lease_tick: float = 1.0) -> PgGateway:
         source = upstream.credential_source
         if upstream.postgres is None or not isinstance(source, VaultDatabaseSource):
-            raise SettingsError(f"upstream {upstream.name} is not a postgres upstream with a vault_database source")
+            raise SettingsError(f"upstream {upstream.name} is not a postgres upstream with a "
+                                "vault_database source")
         vault = VaultClient(settings.vault_addr, settings.vault_token or Secret(""))
         redis = aioredis.Redis.from_pool(aioredis.BlockingConnectionPool.from_url(
             settings.redis_url, max_connections=settings.redis_max_connections, timeout=REDIS_POOL_WAIT,
@@ -117,7 +118,8 @@ class PgGateway:
                                     resolver=resolver),
             leases=RunLeases(VaultDatabase(vault, source.mount, dict(source.roles)), upstream.name,
                              revocations, tick=lease_tick),
-            audit=AuditSink(redis, settings.audit_stream, settings.audit_maxlen, metrics, settings.audit_buffer),
+            audit=AuditSink(redis, settings.audit_stream, settings.audit_maxlen, metrics,
+                            settings.audit_buffer),
             metrics=metrics, budgets=Budgets(redis, upstream), slots=RunSlots(upstream.run_limits.concurrent),
             client_tls=client_tls(os.environ if env is None else env),
             upstream_tls=pg_upstream.tls_context(upstream.postgres, settings.upstream_ca_file),
@@ -167,7 +169,7 @@ class PgGateway:
             await asyncio.sleep(wait)
             try:
                 wait = await self._login()
-            except Exception as exc:  # noqa: BLE001 - keep trying; the token may still be valid
+            except Exception as exc:
                 log.warning('{"event": "vault_login_failed", "error": "%s"}', type(exc).__name__)
                 wait = RELOGIN_MIN
 

@@ -40,7 +40,8 @@ class HeldLease:
 
 class RunLeases:
     def __init__(self, source: VaultDatabase, upstream: str, revocations: RevocationWatcher, *,
-                 tick: float = 1.0, refresh_ahead: float = 0.5, clock: Callable[[], float] = time.time) -> None:
+                 tick: float = 1.0, refresh_ahead: float = 0.5,
+                 clock: Callable[[], float] = time.time) -> None:
         self.source = source
         self._upstream = upstream
         self._revocations = revocations
@@ -135,10 +136,11 @@ class RunLeases:
             await asyncio.sleep(self._tick)
             try:
                 await self.sweep()
-            except Exception as exc:  # noqa: BLE001 - the loop must outlive any one failure
+            except Exception as exc:
                 log.warning('{"event": "lease_sweep_failed", "error": "%s"}', type(exc).__name__)
 
-    def _event(self, event: str, run: str, credential: IssuedCredential | None = None, **fields: object) -> None:
+    def _event(self, event: str, run: str, credential: IssuedCredential | None = None,
+               **fields: object) -> None:
         line: dict[str, object] = {"event": event, "upstream": self._upstream, "run": run, **fields}
         if credential is not None:  # the kind and the lease id, never the password
             line.update(kind=credential.kind, lease=credential.id, user=credential.username,

@@ -32,7 +32,8 @@ import ipaddress
 import secrets
 import ssl
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from contract.claims import AccessClaims
 from contract.errors import BadRequest, Decision, Forbidden, Reason, Unauthenticated, ValetkeyError
@@ -43,12 +44,46 @@ from gateways.sources.vault_database import granted_purpose
 from policies.model import Purpose
 
 if TYPE_CHECKING:
-    from gateways.pg_gateway import PgGateway
+    from contract.verify import TokenVerifier
+    from gateways.audit import AuditSink
+    from gateways.budget import Budgets
+    from gateways.egress import PinnedResolver
+    from gateways.pg_leases import RunLeases
+    from gateways.revocation_watcher import RevocationWatcher
+    from gateways.runslots import RunSlots
+    from gateways.settings import GatewaySettings
+    from policies.model import PostgresTarget, Upstream
+
+
+class SessionHost(Protocol):
+    """What a session uses of its gateway (``gateways.pg_gateway.PgGateway``)."""
+
+    settings: GatewaySettings
+    upstream: Upstream
+    target: PostgresTarget
+    verifier: TokenVerifier
+    revocations: RevocationWatcher
+    resolver: PinnedResolver
+    leases: RunLeases
+    audit: AuditSink
+    budgets: Budgets
+    slots: RunSlots
+    client_tls: ssl.SSLContext | None
+    upstream_tls: ssl.SSLContext | None
+    cancel_keys: dict[tuple[int, int], tuple[int, int]]
+
+    def new_cancel_key(self, backend: tuple[int, int]) -> tuple[int, int]: ...
+
+    async def cancel(self, key: tuple[int, int]) -> None: ...
 
 # start-up parameters passed on to the database; others (``options``…) are dropped
 PASSED_PARAMS = frozenset({"application_name", "client_encoding", "DateStyle", "TimeZone",
                            "extra_float_digits", "IntervalStyle", "search_path"})
 READ_CHUNK = 64 * 1024
+def _nothing() -> None:
+    return None
+
+
 class SessionEnded(ValetkeyError):
     """The session was ended from outside (revocation, expiry): reason set by whoever ended it."""
 
@@ -85,7 +120,7 @@ def _loopback(peer: object) -> bool:
 
 
 class PgSession:
-    def __init__(self, gw: PgGateway, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, gw: SessionHost, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.gw = gw
         self.reader, self.writer = reader, writer
         self.tls = False
@@ -95,12 +130,12 @@ class PgSession:
         self.queries = 0
         self._statements: dict[bytes, tuple[str, int]] = {}
         self._portals: dict[bytes, tuple[str, int]] = {}
-        self.task: asyncio.Task[None] | None = None
+        self.task: asyncio.Task[Any] | None = None
 
     async def run(self) -> None:
         started = time.monotonic()
-        self.task = asyncio.current_task()  # type: ignore[assignment]
-        release = lambda: None  # noqa: E731 - replaced once a slot is held
+        self.task = asyncio.current_task()
+        release: Callable[[], None] = _nothing  # replaced once a slot is held
         key: tuple[int, int] | None = None
         claims: AccessClaims | None = None
         try:
@@ -123,9 +158,12 @@ class PgSession:
             await self._relay(db, claims, purpose)
         except ValetkeyError as exc:
             self._refuse(exc)
-        except (asyncio.IncompleteReadError, ConnectionError, wire.WireError, TimeoutError, ssl.SSLError) as exc:
-            reason = Reason.PROTOCOL_VIOLATION if isinstance(exc, wire.WireError) else Reason.CLIENT_DISCONNECTED
-            if isinstance(exc, TimeoutError):
+        except (asyncio.IncompleteReadError, ConnectionError, wire.WireError, TimeoutError,
+                ssl.SSLError) as exc:
+            reason = Reason.CLIENT_DISCONNECTED
+            if isinstance(exc, wire.WireError):
+                reason = Reason.PROTOCOL_VIOLATION
+            elif isinstance(exc, TimeoutError):
                 reason = Reason.REQUEST_HEAD_TIMEOUT
             self._refuse(BadRequest(f"session ended: {type(exc).__name__}", reason))
         finally:
@@ -206,7 +244,8 @@ class PgSession:
             done, _ = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
             for pump in done:
                 error = pump.exception()
-                if error is not None and not isinstance(error, (ConnectionError, asyncio.IncompleteReadError)):
+                gone = (ConnectionError, asyncio.IncompleteReadError)  # either side hung up: the end
+                if error is not None and not isinstance(error, gone):
                     raise error
         except asyncio.CancelledError:
             if task is not None:

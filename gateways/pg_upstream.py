@@ -95,7 +95,8 @@ async def _login(session: DatabaseSession, user: str, password: Secret) -> None:
         if kind == b"E":
             raise _refused(body)
         if kind != b"R":
-            raise UpstreamError(f"unexpected {kind!r} during the database login", Reason.UPSTREAM_PROTOCOL_ERROR)
+            raise UpstreamError(f"unexpected {kind!r} during the database login",
+                                Reason.UPSTREAM_PROTOCOL_ERROR)
         code = wire.auth_code(body)
         try:
             if code == wire.AUTH_OK:
@@ -121,7 +122,8 @@ async def _login(session: DatabaseSession, user: str, password: Secret) -> None:
                 raise UpstreamError(f"the database asked for authentication method {code}; only "
                                     "SCRAM-SHA-256 is used", Reason.DATABASE_UNAVAILABLE)
         except (ScramException, UnicodeDecodeError):
-            raise UpstreamError("SCRAM exchange with the database failed", Reason.DATABASE_UNAVAILABLE) from None
+            raise UpstreamError("SCRAM exchange with the database failed",
+                                Reason.DATABASE_UNAVAILABLE) from None
 
 
 async def _greeting(session: DatabaseSession) -> None:

@@ -136,11 +136,11 @@ def _purposes(value: Any, rule: str, r: Report) -> dict[str, Purpose] | None:
         if rate is False:
             continue
         out[pname] = Purpose(name=pname, why=why.strip(), methods=frozenset(), paths=(), params=(),
-                             limits=Limits(rate=rate or None))
+                             limits=Limits(rate=rate if isinstance(rate, Rate) else None))
     return out if len(out) == len(doc) else None
 
 
-def _rate(value: Any, rule: str, r: Report) -> Rate | None | bool:
+def _rate(value: Any, rule: str, r: Report) -> Rate | bool | None:
     """The purpose's query rate, None without one, False after a problem."""
     doc = mapping(value, rule, r)
     if doc is None or not keys(doc, rule, set(), {"rate"}, r):

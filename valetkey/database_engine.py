@@ -45,13 +45,14 @@ class DatabaseRole:
 def database_sql(database: str, manager: str, manager_password: str) -> list[str]:
     """Statements a superuser runs once: the group roles, their grants, the management user."""
     out = []
-    for group, privileges in GROUP_PRIVILEGES.items():
+    for group in GROUP_PRIVILEGES:
         out += [
             f"DO $$BEGIN CREATE ROLE {group} NOLOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END$$",
             f'GRANT CONNECT ON DATABASE "{database}" TO {group}',
         ]
     out += [
-        f"DO $$BEGIN CREATE ROLE {manager} LOGIN CREATEROLE; EXCEPTION WHEN duplicate_object THEN NULL; END$$",
+        f"DO $$BEGIN CREATE ROLE {manager} LOGIN CREATEROLE; "
+        "EXCEPTION WHEN duplicate_object THEN NULL; END$$",
         f"ALTER ROLE {manager} WITH LOGIN CREATEROLE PASSWORD '{manager_password}'",
         f"GRANT pg_signal_backend TO {manager}",
         *(f"GRANT {group} TO {manager} WITH ADMIN OPTION" for group in GROUP_PRIVILEGES),
@@ -66,7 +67,8 @@ def schema_sql(owner: str) -> list[str]:
         out += [
             f"GRANT USAGE ON SCHEMA public TO {group}",
             f"GRANT {privileges} ON ALL TABLES IN SCHEMA public TO {group}",
-            f"ALTER DEFAULT PRIVILEGES FOR ROLE {owner} IN SCHEMA public GRANT {privileges} ON TABLES TO {group}",
+            f"ALTER DEFAULT PRIVILEGES FOR ROLE {owner} IN SCHEMA public "
+            f"GRANT {privileges} ON TABLES TO {group}",
         ]
     out.append("GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO valetkey_rw")
     return out

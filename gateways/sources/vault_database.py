@@ -22,7 +22,7 @@ from contract.secret import Secret
 from contract.vault import VaultClient
 from gateways.sources.base import IssuedCredential
 
-KIND = "database_password"  # noqa: S105 - a credential kind, not a secret
+KIND = "database_password"
 
 
 def granted_purpose(claims: AccessClaims) -> str:

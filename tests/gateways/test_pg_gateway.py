@@ -44,7 +44,8 @@ def test_select_through_the_gateway(pg_stack: PgStack) -> None:
         # the session runs as the run's own database user, a member of valetkey_ro only
         user = conn.execute("SELECT current_user").fetchone()
     assert rows == [(1, "first"), (2, "second")]
-    assert user is not None and user[0] == _lease_user(pg_stack, bundle["run_id"])
+    assert user is not None
+    assert user[0] == _lease_user(pg_stack, bundle["run_id"])
     assert user[0].startswith("v-")
 
 
@@ -74,7 +75,7 @@ def test_psql_through_the_gateway(pg_stack: PgStack) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
     env["PGPASSWORD"] = bundle["env"]["PGPASSWORD"]
     psql = pg_stack.postgres.bin_dir / "psql"
-    done = subprocess.run([str(psql), bundle["env"]["DATABASE_URL"], "-X", "-t", "-A", "-c",  # noqa: S603
+    done = subprocess.run([str(psql), bundle["env"]["DATABASE_URL"], "-X", "-t", "-A", "-c",
                            "SELECT count(*) FROM items WHERE id < 10"],
                           capture_output=True, env=env, timeout=30, check=False)
     assert done.returncode == 0, done.stderr
@@ -228,7 +229,7 @@ def test_audit_per_session_and_query_without_secrets(pg_stack: PgStack, caplog: 
     assert queries[0]["bytes_in"] == len("SELECT name FROM items WHERE id = $1")
     assert {line.get("method") for line in lines} == {"SESSION", "QUERY", "SESSION_END"}
     end = next(line for line in lines if line.get("method") == "SESSION_END")
-    assert end["status"] == 2 and end["reason"] == "ok" and end["purpose"] == "read"
+    assert (end["status"], end["reason"], end["purpose"]) == (2, "ok", "read")
     everything = json.dumps(lines) + caplog.text
     for secret in (token, password, "secret-looking-literal-42", "first"):
         assert secret not in everything

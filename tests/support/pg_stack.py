@@ -155,7 +155,7 @@ def pg_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgStack]:
         prepare_database(postgres, manager_password)
         # the gateway URL the broker hands out is filled in once the gateway listens
         gateway_ports = {"appdb": free_port(), "budgeted": free_port()}
-        for name, port in gateway_ports.items():
+        for name in gateway_ports:
             (policy_dir / f"{name}.yaml").write_text(
                 upstream_policy(name, postgres.port, requests=3 if name == "budgeted" else None))
         (policy_dir / "pgtester.yaml").write_text(RUNTIME)
