@@ -29,6 +29,9 @@ from gateways.sources.vault_database import VaultDatabase
 
 log = logging.getLogger("valetkey.gateway")
 STOP_TIMEOUT = 5.0
+# a run's sessions end at its token's expiry with the gateway's own ``run_expired``; its lease is
+# revoked this long after, so the database's "terminating connection" does not arrive first
+EXPIRY_GRACE = 1.0
 
 
 @dataclass
@@ -103,7 +106,7 @@ class RunLeases:
         """One pass of the background loop (tests call it directly)."""
         now = self._clock()
         for run_id, held in list(self._held.items()):
-            if self._revocations.state.find(held.claims) is not None or held.claims.exp <= now:
+            if self._revocations.state.find(held.claims) is not None or held.claims.exp + EXPIRY_GRACE <= now:
                 await self.end_run(run_id)
                 continue
             life = held.credential.expires_at - held.issued_at

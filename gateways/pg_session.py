@@ -126,7 +126,6 @@ class PgSession:
         self.tls = False
         self.record = AuditRecord(request_id=secrets.token_hex(8), upstream=gw.upstream.name,
                                   method="SESSION", path="")
-        self.ended: Reason | None = None
         self.queries = 0
         self._statements: dict[bytes, tuple[str, int]] = {}
         self._portals: dict[bytes, tuple[str, int]] = {}
@@ -234,38 +233,32 @@ class PgSession:
 
     # 6: relay --------------------------------------------------------------------------------
     async def _relay(self, db: pg_upstream.DatabaseSession, claims: AccessClaims, purpose: Purpose) -> None:
+        """Until either side hangs up, the run is revoked (the revocation watcher cancels this
+        task: ``token_revoked``) or its token expires (``run_expired``)."""
         task = self.task
         untrack = self.gw.revocations.track(claims)
-        loop = asyncio.get_running_loop()
-        expiry = loop.call_later(max(0.0, claims.exp - time.time()), self._end, Reason.RUN_EXPIRED)
         pumps = [asyncio.create_task(self._client_to_db(db, claims, purpose), name="pg-client"),
                  asyncio.create_task(self._db_to_client(db), name="pg-db")]
         try:
-            done, _ = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(pumps, timeout=max(0.0, claims.exp - time.time()),
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                raise SessionEnded("the run's token expired", Reason.RUN_EXPIRED)
             for pump in done:
                 error = pump.exception()
                 gone = (ConnectionError, asyncio.IncompleteReadError)  # either side hung up: the end
                 if error is not None and not isinstance(error, gone):
                     raise error
         except asyncio.CancelledError:
-            if task is not None:
-                task.uncancel()
-            reason = self.ended or Reason.TOKEN_REVOKED
-            detail = ("the run's token expired" if reason is Reason.RUN_EXPIRED
-                      else "the run was revoked or ended")
-            raise SessionEnded(detail, reason) from None
+            if task is None or task.uncancel() > 0 or self.gw.revocations.state.find(claims) is None:
+                raise  # not a revocation (the gateway is stopping): let it through
+            raise SessionEnded("the run was revoked or ended", Reason.TOKEN_REVOKED) from None
         finally:
             untrack()
-            expiry.cancel()
             for pump in pumps:
                 pump.cancel()
             await asyncio.gather(*pumps, return_exceptions=True)
             db.close()
-
-    def _end(self, reason: Reason) -> None:
-        self.ended = reason
-        if self.task is not None and not self.task.done():
-            self.task.cancel()
 
     async def _client_to_db(self, db: pg_upstream.DatabaseSession, claims: AccessClaims,
                             purpose: Purpose) -> None:

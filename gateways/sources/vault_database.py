@@ -17,12 +17,15 @@ import time
 from collections.abc import Callable
 
 from contract.claims import AccessClaims
-from contract.errors import Forbidden, Reason
+from contract.errors import Forbidden, Reason, UpstreamError
 from contract.secret import Secret
 from contract.vault import VaultClient
 from gateways.sources.base import IssuedCredential
 
 KIND = "database_password"
+# a lease outlives its run's token by this much: the gateway ends the run's sessions at the
+# token's expiry with its own reason (run_expired), then revokes the lease
+LEASE_GRACE = 5
 
 
 def granted_purpose(claims: AccessClaims) -> str:
@@ -66,18 +69,20 @@ class VaultDatabase:
         username, password = data.get("username"), data.get("password")
         if not isinstance(username, str) or not isinstance(password, str) or not username or not password:
             await self._vault.revoke_lease(lease_id)
-            raise Forbidden("the database role answered without a user", Reason.CREDENTIAL_SOURCE_REFUSED)
+            raise UpstreamError("the database role answered without a user",
+                                Reason.CREDENTIAL_SOURCE_REFUSED)
         now = self._clock()
-        if claims.exp - now < seconds:  # shorter than Vault gave: the run ends first
-            seconds = await self._vault.renew_lease(lease_id, max(1, int(claims.exp - now)))
+        left = int(claims.exp - now) + LEASE_GRACE
+        if left < seconds:  # shorter than Vault gave: the run ends first
+            seconds = await self._vault.renew_lease(lease_id, max(1, left))
         return IssuedCredential(value=Secret(password), kind=KIND, id=lease_id,
                                 expires_at=now + seconds, username=username, handle=lease_id)
 
     async def refresh(self, claims: AccessClaims, current: IssuedCredential) -> IssuedCredential:
         """Renew the same lease for what is left of the run (Vault caps it at the role's max_ttl)."""
         now = self._clock()
-        left = int(claims.exp - now)
-        if left <= 0:
+        left = int(claims.exp - now) + LEASE_GRACE
+        if claims.exp <= now:
             return current
         seconds = await self._vault.renew_lease(current.handle, left)
         return IssuedCredential(value=current.value, kind=KIND, id=current.id, expires_at=now + seconds,

@@ -88,6 +88,7 @@ class PgStack:
     broker_url: str
     redis_url: str
     loop: LoopThread
+    policy_dir: Path
     gateways: dict[str, PgGateway] = field(default_factory=dict)
 
     def mint(self, upstream: str, purpose: str, ttl: str = "10m") -> dict[str, Any]:
@@ -121,10 +122,14 @@ class PgStack:
         out = self.postgres.sql("SELECT rolname FROM pg_roles WHERE rolname LIKE 'v-%' ORDER BY 1")
         return [line for line in out.splitlines() if line]
 
-    def start_gateway(self, name: str, **extra: str) -> PgGateway:
-        env = {"VAULT_ADDR": self.vault.addr, "VAULT_TOKEN": self.vault.gateway_token(name),
+    def gateway_env(self, name: str, **extra: str) -> dict[str, str]:
+        return {"VAULT_ADDR": self.vault.addr, "VAULT_TOKEN": self.vault.gateway_token(name),
                "VALETKEY_REDIS_URL": self.redis_url, "VALETKEY_BROKER_URL": self.broker_url,
-               "VALETKEY_ISSUER": ISSUER, "VALETKEY_LISTEN": "127.0.0.1:0", **extra}
+               "VALETKEY_ISSUER": ISSUER, "VALETKEY_LISTEN": "127.0.0.1:0",
+               "VALETKEY_POLICY_DIR": str(self.policy_dir), **extra}
+
+    def start_gateway(self, name: str, register: bool = True, **extra: str) -> PgGateway:
+        env = self.gateway_env(name, **extra)
         settings = GatewaySettings.from_env(name, env)
 
         async def start() -> PgGateway:
@@ -133,7 +138,8 @@ class PgStack:
             return gateway
 
         gateway: PgGateway = self.loop.run(start())
-        self.gateways[name] = gateway
+        if register:
+            self.gateways[name] = gateway
         return gateway
 
 
@@ -175,7 +181,7 @@ def pg_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgStack]:
         })
         loop = LoopThread()
         with ThreadedServer(create_app(settings, policies)) as broker:
-            stack = PgStack(postgres, dev, policies, broker.url, redis_server.url, loop)
+            stack = PgStack(postgres, dev, policies, broker.url, redis_server.url, loop, policy_dir)
             try:
                 for name, port in gateway_ports.items():
                     stack.start_gateway(name, VALETKEY_LISTEN=f"127.0.0.1:{port}")
