@@ -107,7 +107,7 @@ def test_gateway_serve_runs_the_postgres_gateway(pg_stack: PgStack) -> None:
     port = free_port()
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("VAULT_", "VALETKEY_", "PG"))},
            **pg_stack.gateway_env("appdb", VALETKEY_LISTEN=f"127.0.0.1:{port}")}
-    proc = subprocess.Popen([sys.executable, "-m", "valetkey.cli", "gateway", "serve", "--upstream", "appdb"],  # noqa: S603
+    proc = subprocess.Popen([sys.executable, "-m", "valetkey.cli", "gateway", "serve", "--upstream", "appdb"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 20
