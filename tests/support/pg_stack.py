@@ -23,32 +23,14 @@ from gateways.settings import GatewaySettings
 from policies.load import load_policy_dir
 from policies.model import PolicySet
 from tests.support.servers import ThreadedServer
-from valetkey.database_engine import DatabaseRole, configure_engine, database_sql, schema_sql
+from valetkey.dev import database
 from valetkey.dev.postgres import PostgresServer
 from valetkey.dev.services import OpenBaoDev, RedisServer, free_port
 from valetkey.dev.vault_seed import DevVault
 
 ISSUER = "http://broker.pg-tests.valetkey.test"
-DATABASE = "app"
-MANAGER = "valetkey_vault"
 ENV = {"appdb": ("PGPASSWORD", "DATABASE_URL"), "budgeted": ("BUDGETED_PGPASSWORD", "BUDGETED_URL")}
 LEASE_TTL = 60  # the Vault roles' default_ttl in the tests: renewed by the gateway while held
-
-
-def upstream_policy(name: str, port: int, requests: int | None = None) -> str:
-    limits = f"run_limits: {{requests: {requests}}}\n" if requests else ""
-    return f"""version: 1
-kind: upstream
-name: {name}
-protocol: postgres
-allow_private: true
-{limits}postgres: {{host: 127.0.0.1, port: {port}, database: {DATABASE}, tls: disable}}
-source: {{kind: vault_database, mount: database, roles: {{read: valetkey-{name}-ro, write: valetkey-{name}-rw}}}}
-env: {{placeholder: {ENV[name][0]}, base_url: {ENV[name][1]}}}
-purposes:
-  read: {{why: Read the application's tables.}}
-  write: {{why: Change rows in the application's tables.}}
-"""
 
 
 RUNTIME = """version: 1
@@ -143,36 +125,21 @@ class PgStack:
         return gateway
 
 
-def prepare_database(postgres: PostgresServer, manager_password: str) -> None:
-    postgres.sql(f"CREATE DATABASE {DATABASE}")
-    for statement in database_sql(DATABASE, MANAGER, manager_password):
-        postgres.sql(statement)
-    postgres.sql("CREATE TABLE items (id int PRIMARY KEY, name text NOT NULL); "
-                 "INSERT INTO items VALUES (1, 'first'), (2, 'second')", database=DATABASE)
-    for statement in schema_sql(postgres.superuser):
-        postgres.sql(statement, database=DATABASE)
-
-
 @pytest.fixture(scope="session")
 def pg_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgStack]:
     policy_dir = tmp_path_factory.mktemp("pg-policies")
     with PostgresServer() as postgres, OpenBaoDev() as bao, RedisServer() as redis_server:
-        manager_password = f"mgr-{free_port()}-{id(postgres)}"
-        prepare_database(postgres, manager_password)
+        manager_password = database.prepare(postgres)
         # the gateway URL the broker hands out is filled in once the gateway listens
         gateway_ports = {"appdb": free_port(), "budgeted": free_port()}
         for name in gateway_ports:
-            (policy_dir / f"{name}.yaml").write_text(
-                upstream_policy(name, postgres.port, requests=3 if name == "budgeted" else None))
+            (policy_dir / f"{name}.yaml").write_text(database.upstream_policy(
+                name, postgres.port, *ENV[name], requests=3 if name == "budgeted" else None))
         (policy_dir / "pgtester.yaml").write_text(RUNTIME)
         policies = load_policy_dir(policy_dir)
         dev = DevVault.create(bao.addr, bao.root_token, policies)
-        client = hvac.Client(url=bao.addr, token=bao.root_token)
-        for name in gateway_ports:
-            configure_engine(client, mount="database", connection=name, host="127.0.0.1", port=postgres.port,
-                             database=DATABASE, manager=MANAGER, manager_password=manager_password,
-                             roles={p: DatabaseRole(f"valetkey-{name}-{g}", f"valetkey_{g}", LEASE_TTL)
-                                    for p, g in (("read", "ro"), ("write", "rw"))}, sslmode="disable")
+        database.configure(hvac.Client(url=bao.addr, token=bao.root_token), postgres, list(gateway_ports),
+                           manager_password, ttl=LEASE_TTL)
         urls = ",".join(f"{n}=postgresql://127.0.0.1:{p}?sslmode=disable" for n, p in gateway_ports.items())
         settings = BrokerSettings.from_env({
             "VAULT_ADDR": dev.addr, "VAULT_TOKEN": dev.broker_token, "VALETKEY_REDIS_URL": redis_server.url,
