@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from prometheus_client import Counter
@@ -46,7 +46,7 @@ class Held(Generic[F]):
     claims: AccessClaims
     credential: IssuedCredential
     issued_at: float
-    forms: F
+    forms: F = field(repr=False)  # built from the values: never printed
 
 
 class RunCredentials(Generic[F]):
@@ -236,7 +236,8 @@ class RunCredentials(Generic[F]):
                 self.end_run(key)  # the reaper: a run that expired, or whose end we did not hear
                 continue
             lifetime = held.credential.expires_at - held.issued_at
-            if held.credential.expires_at - now > max(MIN_AHEAD, lifetime * self._ahead):
+            ahead = min(max(MIN_AHEAD, lifetime * self._ahead), lifetime / 2)  # short-lived: at half
+            if held.credential.expires_at - now > ahead:
                 continue
             if key in self._pending:
                 continue

@@ -29,7 +29,7 @@ from policies.sources import OAuth2Source, OAuthGrant
 log = logging.getLogger("valetkey.gateway")
 KIND = "oauth2_access_token"
 DEFAULT_LIFETIME = 3600  # seconds, when the provider does not say (expires_in is RECOMMENDED only)
-TIMEOUT = httpx.Timeout(10.0, connect=3.0)
+TIMEOUT = 10.0  # seconds (authlib passes it on per request: a float, not an httpx.Timeout)
 
 
 class OAuth2:

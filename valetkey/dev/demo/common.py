@@ -96,6 +96,11 @@ class DemoUpstream:
     def unauthorized(self, request: Request) -> Response:
         raise NotImplementedError
 
+    def refusal(self, request: Request) -> Response | None:
+        """None to route the request, else the answer; by default ``unauthorized`` unless the
+        headers are ``authorized``. Subclasses that decide by path (GitHub App tokens) override it."""
+        return None if self.authorized(request.headers) else self.unauthorized(request)
+
     def __post_init__(self) -> None:
         self._router = Router(routes=list(self.routes()))
 
@@ -112,8 +117,9 @@ class DemoUpstream:
             tuple((k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"]), body,
         ))
         replay = _replay(body, receive)
-        if not self.authorized(request.headers):
-            await self.unauthorized(request)(scope, replay, send)
+        refusal = self.refusal(request)
+        if refusal is not None:
+            await refusal(scope, replay, send)
             return
         await self._router(scope, replay, send)
 

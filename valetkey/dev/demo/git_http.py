@@ -27,6 +27,7 @@ from starlette.routing import BaseRoute, Route
 
 from contract.errors import ServiceError
 from valetkey.dev.demo.common import DemoUpstream, basic_credentials, same_secret
+from valetkey.dev.demo.github_app import AppInstallation
 
 log = logging.getLogger("valetkey.demo.git")
 GIT_USERNAME = "x-access-token"
@@ -87,6 +88,7 @@ class GitHttp(DemoUpstream):
 
     project_root: Path
     username: str = GIT_USERNAME
+    app: AppInstallation | None = None  # a GitHub App installed here: its tokens are honoured too
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -102,6 +104,26 @@ class GitHttp(DemoUpstream):
     def unauthorized(self, request: Request) -> Response:
         return PlainTextResponse("Authentication required\n", 401,
                                  {"www-authenticate": f'Basic realm="{REALM}"'})
+
+    def refusal(self, request: Request) -> Response | None:
+        """The static secret, or an installation token with contents read (fetch) or write (push)
+        on the repository, as GitHub answers git: 404 for a repository outside the token."""
+        if self.authorized(request.headers):
+            return None
+        pair = basic_credentials(request.headers)
+        parts = request.url.path.split("/")
+        if self.app is None or pair is None or len(parts) < 3:
+            return self.unauthorized(request)
+        push = "git-receive-pack" in (request.url.path + request.url.query)
+        refused = self.app.check(pair[1], parts[1], parts[2].removesuffix(".git"), "contents",
+                                 "write" if push else "read")
+        if refused is None:
+            return None
+        if refused.status == 401:
+            return self.unauthorized(request)
+        text = "Repository not found.\n" if refused.status == 404 else (
+            f"Permission to {parts[1]}/{parts[2]} denied to valetkey-demo[bot].\n")
+        return PlainTextResponse(text, refused.status)
 
     def cgi_env(self, request: Request, body: bytes) -> dict[str, str]:
         env = {

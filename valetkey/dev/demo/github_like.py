@@ -20,6 +20,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from valetkey.dev.demo.common import DemoUpstream, bearer_token, json_response, same_secret
+from valetkey.dev.demo.github_app import AppInstallation
 
 DEMO_OWNER = "acme"
 DEMO_REPO = "widgets"
@@ -61,6 +62,17 @@ class Repository:
         }
 
 
+def _permission(method: str, rest: list[str]) -> tuple[str, str]:
+    """The GitHub App permission an endpoint under /repos/{owner}/{repo} needs."""
+    if rest and rest[0] == "issues":
+        return "issues", "read" if method in ("GET", "HEAD") else "write"
+    if rest and rest[0] in ("contents", "commits"):
+        return "contents", "read" if method in ("GET", "HEAD") else "write"
+    if rest and rest[0] == "pulls":
+        return "pull_requests", "read" if method in ("GET", "HEAD") else "write"
+    return "metadata", "read"
+
+
 def demo_repositories() -> dict[str, Repository]:
     repo = Repository(DEMO_OWNER, DEMO_REPO, 1)
     for number, (title, body) in enumerate(DEMO_ISSUES, start=1):
@@ -74,6 +86,7 @@ def demo_repositories() -> dict[str, Repository]:
 @dataclass
 class GitHubLike(DemoUpstream):
     repositories: dict[str, Repository] = field(default_factory=demo_repositories)
+    app: AppInstallation | None = None  # a GitHub App installed here: its tokens are honoured too
     _next_comment: int = field(default=5000, init=False)
 
     def routes(self) -> Sequence[BaseRoute]:
@@ -84,7 +97,46 @@ class GitHubLike(DemoUpstream):
             Route("/repos/{owner}/{repo}/issues/{number:int}/comments", self.comments,
                   methods=["GET", "POST"]),
             Route("/repos/{owner}/{repo}/debug/headers", self.debug_headers, methods=["GET"]),
+            Route("/app/installations/{installation}/access_tokens", self.access_tokens,
+                  methods=["POST"]),
+            Route("/installation/token", self.revoke_token, methods=["DELETE"]),
         ]
+
+    def refusal(self, request: Request) -> Response | None:
+        """The static secret, or an App installation token allowed the route's permission on the
+        repository (GitHub's permission per endpoint; metadata is implied)."""
+        path = request.url.path
+        if self.app is not None and (path.startswith("/app/") or path == "/installation/token"):
+            return None  # authenticated by the endpoint itself (App JWT, the token to revoke)
+        if self.authorized(request.headers):
+            return None
+        parts = path.split("/")
+        if self.app is None or len(parts) < 4 or parts[1] != "repos":
+            return self.unauthorized(request)
+        permission, level = _permission(request.method, parts[4:])
+        refused = self.app.check(bearer_token(request.headers, ("bearer", "token")), parts[2], parts[3],
+                                 permission, level)
+        if refused is None:
+            return None
+        return json_response({"message": refused.message, "documentation_url": DOCS,
+                              "status": str(refused.status)}, refused.status)
+
+    async def access_tokens(self, request: Request) -> Response:
+        if self.app is None:
+            return _not_found()
+        try:
+            body = json.loads(await request.body() or b"{}")
+        except ValueError:
+            return json_response({"message": "Problems parsing JSON", "documentation_url": DOCS,
+                                  "status": "400"}, 400)
+        status, answer = self.app.create_token(bearer_token(request.headers),
+                                               request.path_params["installation"], body)
+        return json_response(answer, status)
+
+    async def revoke_token(self, request: Request) -> Response:
+        if self.app is None or not self.app.revoke(bearer_token(request.headers, ("bearer", "token"))):
+            return self.unauthorized(request)
+        return Response(status_code=204)
 
     def authorized(self, headers: Headers) -> bool:
         return same_secret(bearer_token(headers, ("bearer", "token")), self.secret)

@@ -1,0 +1,143 @@
+"""OAuth2 sources end to end: the openai SDK through gateways whose credential is an access token
+from the demo OAuth provider (authlib's server side: real expiry, refresh-token rotation), with
+access tokens living 3 seconds, so the run sees several refreshes; the SDK's key (the placeholder)
+never changes and no request fails. The delegated grant's rotated refresh token is written back to
+Vault. An access token the provider stops honouring early is refreshed once and the idempotent
+request retried.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from starlette.datastructures import Headers
+
+from tests.e2e.conftest import run_client, sandbox_env
+from tests.support.servers import ThreadedServer
+from tests.support.source_stack import SourceStack, runtime_yaml, source_stack, wait_for
+from valetkey.bootstrap import open_client
+from valetkey.dev.demo.common import bearer_token
+from valetkey.dev.demo.oauth_provider import TOKEN_PATH, OAuthProvider
+from valetkey.dev.demo.openai_like import OpenAILike
+from valetkey.dev.services import RedisServer
+
+CLIENT = Path(__file__).parent / "clients" / "openai_refresh.py"
+LIFETIME = 3  # seconds an access token lives
+CLIENT_PATH, GRANT_PATH = "valetkey/oauth/demo", "valetkey/oauth/demo-grant"
+
+
+class OAuthOpenAI(OpenAILike):
+    """The demo OpenAI API as a resource server: it accepts the provider's live access tokens."""
+
+    provider: OAuthProvider
+
+    def authorized(self, headers: Headers) -> bool:
+        return self.provider.valid(bearer_token(headers))
+
+
+PURPOSES = {
+    "chat": {"why": "Chat.", "methods": ["POST"], "paths": ["/v1/chat/completions"]},
+    "list_models": {"why": "List models.", "methods": ["GET"], "paths": ["/v1/models"]},
+}
+
+
+def write_policies(directory: Path, api_port: int, token_url: str) -> None:
+    sources = {
+        "oaicc": {"kind": "oauth2", "token_url": token_url, "grant": "client_credentials",
+                  "client": {"path": CLIENT_PATH}, "scope": "read"},
+        "oairt": {"kind": "oauth2", "token_url": token_url, "grant": "refresh_token",
+                  "client": {"path": CLIENT_PATH},
+                  "refresh_token": {"path": GRANT_PATH, "field": "refresh_token"}},
+    }
+    for name, source in sources.items():
+        doc = {"version": 1, "kind": "upstream", "name": name, "base_url": f"http://127.0.0.1:{api_port}",
+               "allow_private": True, "source": source,
+               "inject": {"header": "Authorization", "format": "Bearer {secret}"},
+               "env": {"placeholder": f"{name.upper()}_TOKEN", "base_url": f"{name.upper()}_URL"},
+               "purposes": PURPOSES}
+        (directory / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    (directory / "tester.yaml").write_text(runtime_yaml({n: list(PURPOSES) for n in sources}))
+
+
+class Demo:
+    def __init__(self, stack: SourceStack, provider: OAuthProvider) -> None:
+        self.stack, self.provider = stack, provider
+
+    def kv_refresh_token(self) -> str:
+        with open_client(self.stack.vault.addr, self.stack.vault.root_token) as client:
+            data = client.secrets.kv.v2.read_secret_version(path=GRANT_PATH, mount_point="secret",
+                                                            raise_on_deleted_version=True)
+        return str(data["data"]["data"]["refresh_token"])
+
+
+@pytest.fixture(scope="module")
+def demo(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
+    work = tmp_path_factory.mktemp("oauth2")
+    provider = OAuthProvider(expires_in=LIFETIME)
+    provider.register("valetkey-demo", "demo-client-secret")
+    grant = provider.delegate("valetkey-demo", "alice")
+    api = OAuthOpenAI("")
+    api.provider = provider
+    provider_server, api_server = ThreadedServer(provider).start(), ThreadedServer(api).start()
+    write_policies(work, api_server.port, f"{provider_server.url}{TOKEN_PATH}")
+
+    def prepare(vault: Any) -> None:
+        with open_client(vault.addr, vault.root_token) as client:
+            client.secrets.kv.v2.create_or_update_secret(path=CLIENT_PATH, mount_point="secret", secret={
+                "client_id": "valetkey-demo", "client_secret": "demo-client-secret"})
+            client.secrets.kv.v2.create_or_update_secret(path=GRANT_PATH, mount_point="secret",
+                                                          secret={"refresh_token": grant, "user": "alice"})
+
+    try:
+        with source_stack(work, redis_server, prepare) as stack:
+            yield Demo(stack, provider)
+    finally:
+        provider_server.stop()
+        api_server.stop()
+
+
+def _run_sdk(demo: Demo, upstream: str, tmp_path: Path, seconds: float) -> tuple[dict[str, Any], str]:
+    bundle = demo.stack.mint([{"upstream": upstream, "purpose": p, "params": {}} for p in PURPOSES])
+    env = sandbox_env(bundle, tmp_path / "home", PREFIX=upstream.upper(), SECONDS=str(seconds))
+    ran = run_client([sys.executable, str(CLIENT)], env)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    return json.loads(ran.stdout), bundle["env"][f"{upstream.upper()}_TOKEN"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("upstream", ["oaicc", "oairt"])
+def test_openai_sdk_across_refreshes(demo: Demo, upstream: str, tmp_path: Path) -> None:
+    issued, rotations = demo.provider.issued, demo.provider.rotations
+    result, placeholder = _run_sdk(demo, upstream, tmp_path, seconds=LIFETIME * 2.5)
+    assert result["failed"] == []
+    assert result["ok"] > 20
+    assert result["key"] == placeholder  # the sandbox's key never changed
+    # issued once, then refreshed ahead of expiry at least twice while the SDK ran
+    assert demo.provider.issued - issued >= 3
+    if upstream == "oairt":
+        assert demo.provider.rotations - rotations >= 3
+        live = [t for t in demo.provider.refresh_tokens.values() if not t.revoked and t.user == "alice"]
+        wait_for(lambda: demo.kv_refresh_token() in {t.refresh_token for t in live})
+
+
+def test_expired_early_is_refreshed_once_and_retried(demo: Demo) -> None:
+    stack = demo.stack
+    bundle = stack.mint([{"upstream": "oaicc", "purpose": "list_models", "params": {}}])
+    headers = {"authorization": f"Bearer {bundle['env']['OAICC_TOKEN']}"}
+    url = f"{stack.url('oaicc')}/v1/models"
+    assert httpx.get(url, headers=headers, timeout=10).status_code == 200
+    for token in demo.provider.access_tokens.values():  # the provider stops honouring them early
+        token.expires_at = 0
+    issued = demo.provider.issued
+    response = httpx.get(url, headers=headers, timeout=10)
+    assert response.status_code == 200, response.text
+    assert demo.provider.issued == issued + 1
+    lines = stack.audit(bundle["run_id"])
+    assert {line["credential_kind"] for line in lines} == {"oauth2_access_token"}
