@@ -31,7 +31,7 @@ log = logging.getLogger("valetkey.gateway")
 STOP_TIMEOUT = 5.0
 # a run's sessions end at its token's expiry with the gateway's own ``run_expired``; its lease is
 # revoked this long after, so the database's "terminating connection" does not arrive first
-EXPIRY_GRACE = 1.0
+EXPIRY_GRACE = 2.0
 
 
 @dataclass
