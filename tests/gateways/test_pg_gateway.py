@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import subprocess
+import threading
 import time
 from typing import Any
 
@@ -234,3 +235,19 @@ def test_audit_per_session_and_query_without_secrets(pg_stack: PgStack, caplog: 
     for secret in (token, password, "secret-looking-literal-42", "first"):
         assert secret not in everything
     assert held.credential.id in caplog.text  # the lease id names the credential in the log
+
+
+def test_a_cancel_request_reaches_the_database(pg_stack: PgStack) -> None:
+    bundle = pg_stack.mint("appdb", "read")
+    with psycopg.connect(pg_stack.dsn(bundle)) as conn:
+        pid = conn.info.backend_pid  # the gateway's own key, not the database backend's
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        assert row[0] != pid
+        timer = threading.Timer(0.3, conn.cancel_safe)
+        timer.start()
+        started = time.monotonic()
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            conn.execute("SELECT pg_sleep(10)")
+        timer.join()
+        assert time.monotonic() - started < 5
