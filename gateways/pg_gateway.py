@@ -46,6 +46,7 @@ from gateways.pg_session import PgSession
 from gateways.revocation_watcher import RevocationWatcher
 from gateways.runslots import RunSlots
 from gateways.settings import GatewaySettings
+from gateways.sources.metrics import SourceMetrics
 from gateways.sources.vault_database import VaultDatabase
 from policies.model import PostgresTarget, Upstream
 from policies.sources import VaultDatabaseSource
@@ -117,7 +118,7 @@ class PgGateway:
             resolver=PinnedResolver(upstream.postgres.host, upstream.postgres.port, upstream.allow_private,
                                     resolver=resolver),
             leases=RunLeases(VaultDatabase(vault, source.mount, dict(source.roles)), upstream.name,
-                             revocations, tick=lease_tick),
+                             revocations, SourceMetrics(metrics.registry), tick=lease_tick),
             audit=AuditSink(redis, settings.audit_stream, settings.audit_maxlen, metrics,
                             settings.audit_buffer),
             metrics=metrics, budgets=Budgets(redis, upstream), slots=RunSlots(upstream.run_limits.concurrent),

@@ -20,11 +20,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from prometheus_client import Counter
+
 from contract.claims import AccessClaims
 from contract.errors import ValetkeyError
 from contract.tasks import stop_task
 from gateways.revocation_watcher import RevocationWatcher
 from gateways.sources.base import IssuedCredential
+from gateways.sources.metrics import SourceMetrics
 from gateways.sources.vault_database import VaultDatabase
 
 log = logging.getLogger("valetkey.gateway")
@@ -42,12 +45,13 @@ class HeldLease:
 
 
 class RunLeases:
-    def __init__(self, source: VaultDatabase, upstream: str, revocations: RevocationWatcher, *,
-                 tick: float = 1.0, refresh_ahead: float = 0.5,
+    def __init__(self, source: VaultDatabase, upstream: str, revocations: RevocationWatcher,
+                 metrics: SourceMetrics, *, tick: float = 1.0, refresh_ahead: float = 0.5,
                  clock: Callable[[], float] = time.time) -> None:
         self.source = source
         self._upstream = upstream
         self._revocations = revocations
+        self._metrics = metrics
         self._tick = tick
         self._ahead = refresh_ahead
         self._clock = clock
@@ -78,10 +82,13 @@ class RunLeases:
             credential = await self.source.issue(claims)
         except ValetkeyError as exc:
             self.failed += 1
+            self._count(self._metrics.issued, exc.code)
             self._event("lease_issue_failed", claims.sub, reason=exc.code)
             raise
         held = self._held[claims.sub] = HeldLease(claims, credential, self._clock())
         self.issued += 1
+        self._count(self._metrics.issued, "ok")
+        self._metrics.issue_seconds.labels(self._upstream, self.source.kind).observe(self._clock() - started)
         self._event("lease_issued", claims.sub, credential, ms=round((self._clock() - started) * 1000, 1))
         if self._revocations.state.find(claims) is not None:  # revoked while Vault was issuing
             await self.end_run(claims.sub)
@@ -96,10 +103,12 @@ class RunLeases:
             await self.source.revoke(held.credential)
         except ValetkeyError as exc:
             self.failed += 1  # the lease still ends at its TTL; try again on the next tick
+            self._count(self._metrics.revoked, exc.code)
             self._held.setdefault(run_id, held)
             self._event("lease_revoke_failed", run_id, held.credential, reason=exc.code)
             return
         self.revoked += 1
+        self._count(self._metrics.revoked, "ok")
         self._event("lease_revoked", run_id, held.credential)
 
     async def sweep(self) -> None:
@@ -115,8 +124,10 @@ class RunLeases:
                     credential = await self.source.refresh(held.claims, held.credential)
                 except ValetkeyError as exc:
                     self.failed += 1
+                    self._count(self._metrics.refreshed, exc.code)
                     self._event("lease_renew_failed", run_id, held.credential, reason=exc.code)
                     continue
+                self._count(self._metrics.refreshed, "ok")
                 if run_id in self._held:
                     self._held[run_id] = HeldLease(held.claims, credential, self._clock())
                     self.renewed += 1
@@ -141,6 +152,9 @@ class RunLeases:
                 await self.sweep()
             except Exception as exc:
                 log.warning('{"event": "lease_sweep_failed", "error": "%s"}', type(exc).__name__)
+
+    def _count(self, counter: Counter, result: str) -> None:
+        counter.labels(self._upstream, self.source.kind, result).inc()
 
     def _event(self, event: str, run: str, credential: IssuedCredential | None = None,
                **fields: object) -> None:

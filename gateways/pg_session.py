@@ -151,6 +151,8 @@ class PgSession:
                     {k: v for k, v in params.items() if k in PASSED_PARAMS}, self.gw.upstream_tls,
                     self.gw.settings.connect_timeout)
             self.record.upstream_addr = f"{pinned.address}:{pinned.port}"
+            self.record.credential_kind = lease.credential.kind  # and the lease id: never the password
+            self.record.credential_id = lease.credential.id
             key = self.gw.new_cancel_key(db.backend)
             self.writer.write(wire.auth(wire.AUTH_OK) + wire.backend_key(*key) + b"".join(db.greeting))
             self._audit_line("SESSION", f"/{self.gw.target.database}", Decision.ALLOW, Reason.OK)
@@ -306,7 +308,9 @@ class PgSession:
         line = AuditRecord(request_id=self.record.request_id, upstream=self.record.upstream, method=method,
                            path=path, run=self.record.run, runtime=self.record.runtime,
                            purpose=self.record.purpose, decision=decision, reason=reason.value,
-                           bytes_in=size, upstream_addr=self.record.upstream_addr)
+                           bytes_in=size, upstream_addr=self.record.upstream_addr,
+                           credential_kind=self.record.credential_kind,
+                           credential_id=self.record.credential_id)
         self.gw.audit.write(line)
 
     def _finish(self, claims: AccessClaims | None, started: float) -> None:

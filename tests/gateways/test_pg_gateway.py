@@ -235,6 +235,12 @@ def test_audit_per_session_and_query_without_secrets(pg_stack: PgStack, caplog: 
     for secret in (token, password, "secret-looking-literal-42", "first"):
         assert secret not in everything
     assert held.credential.id in caplog.text  # the lease id names the credential in the log
+    assert {(line["credential_kind"], line["credential_id"]) for line in lines
+            if line["method"] != "SESSION" or line["decision"] == "allow"} == {
+        ("database_password", held.credential.id)}
+    metrics = pg_stack.gateways["appdb"].metrics.registry
+    assert (metrics.get_sample_value("valetkey_gateway_credential_issued_total", {
+        "upstream": "appdb", "kind": "database_password", "result": "ok"}) or 0) >= 1
 
 
 def test_a_cancel_request_reaches_the_database(pg_stack: PgStack) -> None:
