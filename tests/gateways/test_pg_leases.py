@@ -127,3 +127,14 @@ def test_gateway_serve_runs_the_postgres_gateway(pg_stack: PgStack) -> None:
         output = proc.communicate(timeout=15)[0].decode()
     assert bundle["env"]["PGPASSWORD"] not in output
     assert '"event": "lease_issued"' in output
+
+
+def test_tls_to_the_database_when_the_policy_says(pg_stack: PgStack) -> None:
+    bundle = pg_stack.mint("tlsdb", "read")  # postgres: {host: localhost, tls: verify-full}
+    with psycopg.connect(pg_stack.dsn(bundle, "tlsdb")) as conn:
+        row = conn.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone()
+    assert row == (True,)
+    plain = pg_stack.mint("appdb", "read")  # tls: disable
+    with psycopg.connect(pg_stack.dsn(plain)) as conn:
+        row = conn.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone()
+    assert row == (False,)

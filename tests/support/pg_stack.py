@@ -22,6 +22,7 @@ from gateways.pg_gateway import PgGateway
 from gateways.settings import GatewaySettings
 from policies.load import load_policy_dir
 from policies.model import PolicySet
+from tests.support.certs import make_ca, make_leaf
 from tests.support.servers import ThreadedServer
 from valetkey.dev import database
 from valetkey.dev.postgres import PostgresServer
@@ -29,7 +30,8 @@ from valetkey.dev.services import OpenBaoDev, RedisServer, free_port
 from valetkey.dev.vault_seed import DevVault
 
 ISSUER = "http://broker.pg-tests.valetkey.test"
-ENV = {"appdb": ("PGPASSWORD", "DATABASE_URL"), "budgeted": ("BUDGETED_PGPASSWORD", "BUDGETED_URL")}
+ENV = {"appdb": ("PGPASSWORD", "DATABASE_URL"), "budgeted": ("BUDGETED_PGPASSWORD", "BUDGETED_URL"),
+       "tlsdb": ("TLSDB_PGPASSWORD", "TLSDB_URL")}
 LEASE_TTL = 60  # the Vault roles' default_ttl in the tests: renewed by the gateway while held
 
 
@@ -41,6 +43,7 @@ max_ttl: 1h
 allow:
   appdb: [read, write]
   budgeted: [read]
+  tlsdb: [read]
 """
 
 
@@ -128,13 +131,18 @@ class PgStack:
 @pytest.fixture(scope="session")
 def pg_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgStack]:
     policy_dir = tmp_path_factory.mktemp("pg-policies")
-    with PostgresServer() as postgres, OpenBaoDev() as bao, RedisServer() as redis_server:
+    certs = tmp_path_factory.mktemp("pg-certs")
+    ca_file, ca_key, ca = make_ca(certs)
+    # the database speaks TLS too: upstream "tlsdb" reaches it as localhost with tls: verify-full
+    with PostgresServer(ssl_files=make_leaf(certs, ca_key, ca, "localhost")) as postgres, \
+            OpenBaoDev() as bao, RedisServer() as redis_server:
         manager_password = database.prepare(postgres)
         # the gateway URL the broker hands out is filled in once the gateway listens
-        gateway_ports = {"appdb": free_port(), "budgeted": free_port()}
+        gateway_ports = {"appdb": free_port(), "budgeted": free_port(), "tlsdb": free_port()}
         for name in gateway_ports:
+            tls = {"host": "localhost", "tls": "verify-full"} if name == "tlsdb" else {}
             (policy_dir / f"{name}.yaml").write_text(database.upstream_policy(
-                name, postgres.port, *ENV[name], requests=3 if name == "budgeted" else None))
+                name, postgres.port, *ENV[name], requests=3 if name == "budgeted" else None, **tls))
         (policy_dir / "pgtester.yaml").write_text(RUNTIME)
         policies = load_policy_dir(policy_dir)
         dev = DevVault.create(bao.addr, bao.root_token, policies)
@@ -151,7 +159,8 @@ def pg_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgStack]:
             stack = PgStack(postgres, dev, policies, broker.url, redis_server.url, loop, policy_dir)
             try:
                 for name, port in gateway_ports.items():
-                    stack.start_gateway(name, VALETKEY_LISTEN=f"127.0.0.1:{port}")
+                    stack.start_gateway(name, VALETKEY_LISTEN=f"127.0.0.1:{port}",
+                                        VALETKEY_UPSTREAM_CA_FILE=str(ca_file))
                 yield stack
             finally:
                 for gateway in stack.gateways.values():

@@ -18,7 +18,7 @@ PURPOSE_GROUPS = (("read", "ro"), ("write", "rw"))
 
 
 def upstream_policy(name: str, port: int, placeholder: str = "PGPASSWORD", url: str = "DATABASE_URL",
-                    requests: int | None = None) -> str:
+                    requests: int | None = None, host: str = "127.0.0.1", tls: str = "disable") -> str:
     """A ``protocol: postgres`` upstream for the demo database at ``127.0.0.1:port``."""
     limits = f"run_limits: {{requests: {requests}}}\n" if requests else ""
     return f"""version: 1
@@ -26,7 +26,7 @@ kind: upstream
 name: {name}
 protocol: postgres
 allow_private: true
-{limits}postgres: {{host: 127.0.0.1, port: {port}, database: {DATABASE}, tls: disable}}
+{limits}postgres: {{host: {host}, port: {port}, database: {DATABASE}, tls: {tls}}}
 source:
   kind: vault_database
   mount: {MOUNT}
