@@ -6,6 +6,7 @@ with one read-only and one read-write role per upstream."""
 from __future__ import annotations
 
 import secrets
+from pathlib import Path
 from typing import Any
 
 from valetkey.database_engine import DatabaseRole, configure_engine, database_sql, schema_sql
@@ -65,3 +66,20 @@ def configure(client: Any, postgres: PostgresServer, upstreams: list[str], manag
                          roles={purpose: DatabaseRole(role(name, group), f"valetkey_{group}", ttl)
                                 for purpose, group in PURPOSE_GROUPS},
                          sslmode="disable")
+
+
+DEV_UPSTREAM = "appdb"
+DEV_RUNTIME = """version: 1
+kind: runtime
+name: db-agent
+identity: {vault_policy: valetkey-runtime-db-agent}
+max_ttl: 1h
+allow:
+  appdb: [read, write]
+"""
+
+
+def write_dev_policies(directory: Path, postgres_port: int) -> None:
+    """``valetkey dev --postgres``: upstream ``appdb`` (the demo database) and runtime ``db-agent``."""
+    (directory / f"{DEV_UPSTREAM}.yaml").write_text(upstream_policy(DEV_UPSTREAM, postgres_port))
+    (directory / "db-agent.yaml").write_text(DEV_RUNTIME)
