@@ -36,6 +36,7 @@ from gateways.settings import GatewaySettings
 from gateways.sources import build_source
 from gateways.sources.cache import RunCredentials
 from gateways.sources.metrics import SourceMetrics
+from gateways.sources.prewarm import Prewarm
 from gateways.upstream import UpstreamClient
 from policies.model import Alerting, Injection, Placement, Upstream
 
@@ -78,6 +79,7 @@ class Gateway:
     detectors: Detectors
     webhook: WebhookSender
     credentials: RunCredentials[Redactor] | None = None  # a run-scoped credential source's cache
+    prewarm: Prewarm | None = None  # issues a new run's credential when the broker creates it
     _scanner: tuple[int, CredentialScanner] | None = field(default=None, repr=False)
     _metrics_server: tuple[Any, Any] | None = field(default=None, repr=False)
     _redactor: tuple[int, Redactor] | None = field(default=None, repr=False)
@@ -167,6 +169,7 @@ class Gateway:
             credentials.revoked = revocations.revoked
             revocations.listeners.append(lambda record: credentials.end_runs(record.covers))
             gateway.credentials = credentials
+            gateway.prewarm = Prewarm(redis, credentials, upstream.name)
         return gateway
 
     async def start(self) -> None:
@@ -178,6 +181,8 @@ class Gateway:
         await self.secrets.start()
         if self.credentials is not None:
             await self.credentials.start()
+        if self.prewarm is not None:
+            await self.prewarm.start()
         await asyncio.to_thread(self.redactor)  # compile the forms now, not on the first request
         await self.resolver.start()
         await self.keys.start()
@@ -195,6 +200,8 @@ class Gateway:
         await self.audit.stop()
         await self.webhook.stop()
         await self.revocations.stop()
+        if self.prewarm is not None:
+            await self.prewarm.stop()
         if self.credentials is not None:
             await self.credentials.stop()
         await self.secrets.stop()

@@ -119,10 +119,8 @@ def vault_access(source: CredentialSource, secret: SecretRef | None) -> tuple[tu
         if source.refresh_token is not None:  # a rotated refresh token is written back
             paths.append((source.refresh_token.api_path, '["read", "create", "update"]'))
         return tuple(paths)
-    # its roles' creds, and renewing or revoking only their leases (the lease id is in the URL:
-    # a bare `sys/leases/revoke` would let the gateway revoke any lease in Vault)
-    roles = sorted(set(source.roles.values()))
-    return tuple(path for role in roles for path in (
+    # only its own roles' leases (a bare sys/leases/revoke would let it revoke any lease)
+    return tuple(path for role in sorted(set(source.roles.values())) for path in (
         (f"{source.mount}/creds/{role}", '["read"]'),
         (f"sys/leases/renew/{source.mount}/creds/{role}/*", '["update"]'),
         (f"sys/leases/revoke/{source.mount}/creds/{role}/*", '["update"]')))

@@ -14,6 +14,7 @@ runs whose token expired and nobody ended. A shared source (OAuth2) has one entr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -34,6 +35,7 @@ F = TypeVar("F")
 SHARED = "*"  # the one key of a shared source
 ISSUE_TIMEOUT = 15.0  # seconds an issuance or refresh may take before credential_source_unavailable
 MIN_AHEAD = 5.0  # refresh at least this many seconds before expiry
+EXPIRY_MARGIN = 1.0  # a credential this close to expiry is not handed to a new request
 REPLACED_GRACE = 30.0  # seconds a replaced per-run credential stays valid for requests in flight
 STOP_TIMEOUT = 5.0  # seconds given to revoking what is held when the gateway stops
 
@@ -47,6 +49,10 @@ class Held(Generic[F]):
     credential: IssuedCredential
     issued_at: float
     forms: F = field(repr=False)  # built from the values: never printed
+
+
+def _grants(claims: AccessClaims) -> frozenset[tuple[str, tuple[tuple[str, str], ...]]]:
+    return frozenset((g.purpose, tuple(sorted(g.params.items()))) for g in claims.grants)
 
 
 class RunCredentials(Generic[F]):
@@ -82,12 +88,26 @@ class RunCredentials(Generic[F]):
         credential_source_refused, token_revoked (the run ended while it was issued)."""
         key = self._key(claims)
         held = self._held.get(key)
-        if held is not None and held.credential.expires_at > self._clock():
+        same = held is not None and (self.source.shared or _grants(held.claims) == _grants(claims))
+        if held is not None and same and held.credential.expires_at > self._clock() + EXPIRY_MARGIN:
             return held
+        if held is not None and same and held.credential.expires_at > self._clock():
+            # about to expire and the background refresh fell behind: this request waits for it
+            task = self._pending.get(key) or self._start(key, self._refresh(key, held, held.claims))
+            with contextlib.suppress(ValetkeyError):
+                return await asyncio.shield(task)
+            return held  # the refresh failed: what is still valid serves until it expires
+        if held is not None and not same:
+            # issued ahead from the run's record, which differs from its token: issue for the token
+            del self._held[key]
+            self._spawn(self._revoke(key, held.credential))
         if key in self._ended:
             raise TokenInvalid("the run has ended", check="revoked", reason=Reason.TOKEN_REVOKED)
         task = self._pending.get(key) or self._start(key, self._issue(key, claims))
-        return await asyncio.shield(task)  # a client going away does not abort the issuance
+        held = await asyncio.shield(task)  # a client going away does not abort the issuance
+        if not self.source.shared and _grants(held.claims) != _grants(claims):
+            return await self.get(claims)  # it was issued ahead for other grants: replaced above
+        return held
 
     async def refresh_now(self, claims: AccessClaims, failed: IssuedCredential) -> Held[F]:
         """After the upstream refused ``failed`` as expired: a new one, once (another request that
