@@ -219,6 +219,8 @@ class PgSession:
                 self.record.runtime = signed.client_id
             raise
         self.record.run, self.record.runtime = claims.sub, claims.client_id
+        if claims.exp <= time.time():  # within the verifier's leeway: no session to start
+            raise Unauthenticated("the run's token has expired", Reason.RUN_EXPIRED)
         if user != claims.sub:
             raise Forbidden("the user name must be the token's run id (PGUSER from the bundle)",
                             Reason.RUN_MISMATCH)
