@@ -138,3 +138,16 @@ def test_tls_to_the_database_when_the_policy_says(pg_stack: PgStack) -> None:
     with psycopg.connect(pg_stack.dsn(plain)) as conn:
         row = conn.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone()
     assert row == (False,)
+
+
+def test_a_stopping_gateway_revokes_what_it_holds(pg_stack: PgStack) -> None:
+    port = free_port()
+    gateway = pg_stack.start_gateway("appdb", register=False, VALETKEY_LISTEN=f"127.0.0.1:{port}")
+    bundle = pg_stack.mint("appdb", "read")
+    with psycopg.connect(pg_stack.dsn(bundle, port=str(port))) as conn:
+        conn.execute("SELECT 1")
+    held = gateway.leases.held(bundle["run_id"])
+    assert held is not None
+    assert held.credential.username in pg_stack.database_users()
+    pg_stack.loop.run(gateway.stop())
+    assert held.credential.username not in pg_stack.database_users()
