@@ -41,11 +41,11 @@ from gateways.audit import AuditSink, Metrics
 from gateways.budget import Budgets
 from gateways.egress import PinnedResolver, Resolver
 from gateways.gateway import REDIS_POOL_WAIT
-from gateways.pg_leases import RunLeases
 from gateways.pg_session import PgSession
 from gateways.revocation_watcher import RevocationWatcher
 from gateways.runslots import RunSlots
 from gateways.settings import GatewaySettings
+from gateways.sources.cache import RunCredentials
 from gateways.sources.metrics import SourceMetrics
 from gateways.sources.vault_database import VaultDatabase
 from policies.model import PostgresTarget, Upstream
@@ -67,6 +67,11 @@ def client_tls(env: Mapping[str, str]) -> ssl.SSLContext | None:
     return context
 
 
+def _no_forms(values: tuple[Secret, ...]) -> None:
+    """PostgreSQL never sends the password back and results are not parsed: nothing to redact."""
+    return None
+
+
 @dataclass
 class PgGateway:
     settings: GatewaySettings
@@ -79,7 +84,7 @@ class PgGateway:
     verifier: TokenVerifier
     revocations: RevocationWatcher
     resolver: PinnedResolver
-    leases: RunLeases
+    leases: RunCredentials[None]  # each run's lease (no redaction forms: see docs/threat-model.md)
     audit: AuditSink
     metrics: Metrics
     budgets: Budgets
@@ -110,6 +115,11 @@ class PgGateway:
                         max_age=settings.jwks_max_age, max_stale=settings.jwks_max_stale)
         revocations = RevocationWatcher(redis, max_stale=settings.revocation_max_stale)
         metrics = Metrics()
+        leases: RunCredentials[None] = RunCredentials(
+            VaultDatabase(vault, source.mount, dict(source.roles)), upstream.name,
+            SourceMetrics(metrics.registry), _no_forms, tick=lease_tick)
+        leases.revoked = revocations.revoked  # the sweep ends runs a revocation covers
+        revocations.listeners.append(lambda record: leases.end_runs(record.covers))  # and at once
         return cls(
             settings=settings, upstream=upstream, target=upstream.postgres, vault=vault, redis=redis,
             http=http, keys=keys, revocations=revocations,
@@ -117,8 +127,7 @@ class PgGateway:
                                    run_check=revocations.run_check, leeway=settings.token_leeway),
             resolver=PinnedResolver(upstream.postgres.host, upstream.postgres.port, upstream.allow_private,
                                     resolver=resolver),
-            leases=RunLeases(VaultDatabase(vault, source.mount, dict(source.roles)), upstream.name,
-                             revocations, SourceMetrics(metrics.registry), tick=lease_tick),
+            leases=leases,
             audit=AuditSink(redis, settings.audit_stream, settings.audit_maxlen, metrics,
                             settings.audit_buffer),
             metrics=metrics, budgets=Budgets(redis, upstream), slots=RunSlots(upstream.run_limits.concurrent),

@@ -10,7 +10,8 @@
    (``run_mismatch``), name this upstream's database (``database_not_granted``) and hold exactly
    one purpose (``purpose_ambiguous``); the run's session count is bounded
    (``run_concurrency_exceeded``).
-4. **credential**: the run's lease (``RunLeases``: issued by Vault on the run's first session).
+4. **credential**: the run's lease (``gateways/sources/cache.py`` over ``vault_database``: issued
+   by Vault on the run's first session, shared by its later ones).
 5. **dial**: the pinned database address, TLS as the policy says, SCRAM-SHA-256 as the run's
    database user (``database_unavailable``).
 6. **relay**: every client message is framed; a Query or Execute is checked against revocations
@@ -48,10 +49,10 @@ if TYPE_CHECKING:
     from gateways.audit import AuditSink
     from gateways.budget import Budgets
     from gateways.egress import PinnedResolver
-    from gateways.pg_leases import RunLeases
     from gateways.revocation_watcher import RevocationWatcher
     from gateways.runslots import RunSlots
     from gateways.settings import GatewaySettings
+    from gateways.sources.cache import RunCredentials
     from policies.model import PostgresTarget, Upstream
 
 
@@ -64,7 +65,7 @@ class SessionHost(Protocol):
     verifier: TokenVerifier
     revocations: RevocationWatcher
     resolver: PinnedResolver
-    leases: RunLeases
+    leases: RunCredentials[None]
     audit: AuditSink
     budgets: Budgets
     slots: RunSlots
