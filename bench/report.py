@@ -185,10 +185,18 @@ def profile(results: Results) -> str:
     return "\n\n".join(parts)
 
 
+def sources(results: Results) -> str:
+    r = results.get("sources", {})
+    body = (f"`python -m bench.sources` in this run (what it measures: [Run-scoped credentials]"
+            f"(#run-scoped-credentials) below):\n\n```text\n{r['output']}\n```" if r.get("output")
+            else f"TODO: {r.get('todo', 'bench/sources.py not run')}")
+    return "\n\n".join(["## 7. Run-scoped credential sources", body])
+
+
 def render(results: Results) -> str:
 
     parts = ["## Machine and run", machine(results), targets(results)]
-    for section in (proxy, sse, redaction, tokens, revocation, memory, profile):
+    for section in (proxy, sse, redaction, tokens, revocation, memory, profile, sources):
         try:
             text = section(results)
         except KeyError as exc:

@@ -39,7 +39,7 @@ from bench.tokens import measure as token_rates
 from bench.tools import Floor, Mitmproxy, Nginx, find_mitmdump, find_nginx, find_pyspy, find_wrk, version
 
 REPO = Path(__file__).resolve().parent.parent
-SECTIONS = ("proxy", "sse", "tokens", "profile", "redaction", "revocation")
+SECTIONS = ("proxy", "sse", "tokens", "profile", "redaction", "revocation", "sources")
 
 
 @dataclass(frozen=True)
@@ -230,6 +230,13 @@ def measure(cfg: Config, results: dict[str, Any]) -> None:
     if "redaction" in cfg.sections:
         log("3. redaction (bench/redact.py)")
         results["redaction"] = redaction(cfg)
+    if "sources" in cfg.sections:
+        log("7. run-scoped credential sources (bench/sources.py)")
+        argv = [sys.executable, "-m", "bench.sources", *(["--smoke"] if cfg.smoke else [])]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=1800, check=False,  # noqa: S603
+                              cwd=REPO)
+        failed = f"bench/sources.py failed ({done.returncode}): {done.stderr.strip()[-400:]}"
+        results["sources"] = {"output": done.stdout.strip()} if done.returncode == 0 else {"todo": failed}
     if "revocation" in cfg.sections:
         results["revocation"] = []
         for n in cfg.replicas:

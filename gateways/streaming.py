@@ -63,8 +63,10 @@ async def _open(gw: Gateway, ex: Exchange, address: str, raw_target: bytes) -> R
     """Send the request; if the upstream refuses an issued credential (401, e.g. expired early or
     revoked upstream), refresh it once and send an idempotent request again with the new one."""
     response = await gw.client.open(ex.method, address, raw_target, ex.upstream_headers, ex.body)
-    if (response.status != 401 or ex.held is None or ex.claims is None or gw.credentials is None
-            or ex.method not in IDEMPOTENT or not isinstance(ex.body, bytes)):
+    if response.status != 401 or ex.held is None or ex.claims is None or gw.credentials is None:
+        return response
+    if ex.method not in IDEMPOTENT or not isinstance(ex.body, bytes):
+        gw.credentials.refresh_soon(ex.claims, ex.held.credential)  # not sent again: the next one works
         return response
     await response.aclose()
     ex.held = await gw.credentials.refresh_now(ex.claims, ex.held.credential)

@@ -119,6 +119,15 @@ class RunCredentials(Generic[F]):
         task = self._pending.get(key) or self._start(key, self._refresh(key, held, claims))
         return await asyncio.shield(task)
 
+    def refresh_soon(self, claims: AccessClaims, failed: IssuedCredential) -> None:
+        """The upstream refused ``failed`` on a request that is not sent again: refresh in the
+        background, so the run's next request carries a new one."""
+        self._spawn(self._refresh_quietly(claims, failed))
+
+    async def _refresh_quietly(self, claims: AccessClaims, failed: IssuedCredential) -> None:
+        with contextlib.suppress(ValetkeyError):  # counted in the metrics by _refresh
+            await self.refresh_now(claims, failed)
+
     def _start(self, key: str, work: Coroutine[Any, Any, Held[F]]) -> asyncio.Task[Held[F]]:
         """One issuance or refresh per key at a time; everyone asking meanwhile shares it."""
         task = self._pending[key] = asyncio.create_task(work)

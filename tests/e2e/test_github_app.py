@@ -48,6 +48,8 @@ def write_policies(directory: Path, api_port: int, git_port: int, dead_port: int
         "browse": _purpose("Any repository's metadata: the token decides.", ["GET"], ["/repos/{owner}/{name}"]),
         "comment_any": _purpose("Comment anywhere: the token decides.", ["POST"],
                                 ["/repos/{owner}/{name}/issues/{number}/comments"]),
+        "debug_headers": _purpose("The demo echoes request headers back.", ["GET"],
+                                  ["/repos/{owner}/{repo}/debug/headers"], repo),
     }
     git = {
         "clone": _purpose("Fetch one repository.", ["GET", "POST"],
@@ -138,7 +140,7 @@ def test_curl_token_narrowed_at_the_upstream(demo: Demo) -> None:
     stack = demo.stack
     issued = demo.app.issued
     bundle = stack.mint(_grants("ghapp", ("read_repo", BOUND), ("read_issues", BOUND), ("browse", {}),
-                                ("comment_any", {})))
+                                ("comment_any", {}), ("debug_headers", BOUND)))
     token, base = bundle["env"]["GHAPP_TOKEN"], stack.url("ghapp")
     # issued when the broker created the run, before its first request (off the request path)
     wait_for(lambda: demo.app.issued == issued + 1)
@@ -165,6 +167,14 @@ def test_curl_token_narrowed_at_the_upstream(demo: Demo) -> None:
     assert (status, body.get("message")) == (403, "Resource not accessible by integration"), out
     assert_never_saw(mine.token, out)
     wait_for(lambda: len(stack.audit(bundle["run_id"])) >= 4)
+
+    # the upstream echoes the injected token back: redacted with the run's own forms
+    status, body, out = _curl(f"{base}/repos/{DEMO_OWNER}/{DEMO_REPO}/debug/headers", token)
+    assert status == 200, out
+    echoed = [value for name, value in body["headers"] if name == "authorization"]
+    assert len(echoed) == 1, out
+    assert "[REDACTED:valetkey]" in echoed[0], out
+    assert_never_saw(mine.token, out)
     lines = stack.audit(bundle["run_id"])
     assert {line["credential_kind"] for line in lines} == {"github_installation_token"}
     assert all(line["credential_id"].startswith("expires ") for line in lines)

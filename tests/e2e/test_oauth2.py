@@ -68,8 +68,8 @@ def write_policies(directory: Path, api_port: int, token_url: str) -> None:
 
 
 class Demo:
-    def __init__(self, stack: SourceStack, provider: OAuthProvider) -> None:
-        self.stack, self.provider = stack, provider
+    def __init__(self, stack: SourceStack, provider: OAuthProvider, api: OAuthOpenAI) -> None:
+        self.stack, self.provider, self.api = stack, provider, api
 
     def kv_refresh_token(self) -> str:
         with open_client(self.stack.vault.addr, self.stack.vault.root_token) as client:
@@ -98,7 +98,7 @@ def demo(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) ->
 
     try:
         with source_stack(work, redis_server, prepare) as stack:
-            yield Demo(stack, provider)
+            yield Demo(stack, provider, api)
     finally:
         provider_server.stop()
         api_server.stop()
@@ -128,6 +128,7 @@ def test_openai_sdk_across_refreshes(demo: Demo, upstream: str, tmp_path: Path) 
         wait_for(lambda: demo.kv_refresh_token() in {t.refresh_token for t in live})
 
 
+@pytest.mark.slow  # waits for the next refresh (up to half a 10 s token, plus its forms)
 def test_expired_early_is_refreshed_once_and_retried(demo: Demo) -> None:
     stack = demo.stack
     bundle = stack.mint([{"upstream": "oaicc", "purpose": "list_models", "params": {}}])
@@ -153,3 +154,29 @@ def test_expired_early_is_refreshed_once_and_retried(demo: Demo) -> None:
     assert now_held.credential.value != held.credential.value
     lines = stack.audit(bundle["run_id"])
     assert {line["credential_kind"] for line in lines} == {"oauth2_access_token"}
+
+
+def test_a_refused_post_is_not_sent_again_but_the_next_request_works(demo: Demo) -> None:
+    stack = demo.stack
+    demo.provider.expires_in = 60
+    bundle = stack.mint([{"upstream": "oaicc", "purpose": "chat", "params": {}}])
+    headers = {"authorization": f"Bearer {bundle['env']['OAICC_TOKEN']}"}
+    url = f"{stack.url('oaicc')}/v1/chat/completions"
+    body = {"model": "gpt-demo", "messages": [{"role": "user", "content": "hi"}]}
+    assert httpx.post(url, headers=headers, json=body, timeout=10).status_code == 200
+    gateway = stack.app("oaicc").gateway
+    assert gateway is not None
+    assert gateway.credentials is not None
+    credentials = gateway.credentials
+    wait_for(lambda: credentials.held(bundle["run_id"]) is not None and
+             credentials.held(bundle["run_id"]).credential.remaining() > 30,  # type: ignore[union-attr]
+             timeout=30)
+    held = credentials.held(bundle["run_id"])
+    assert held is not None
+    posts = sum(1 for s in demo.api.seen if s.method == "POST")
+    demo.provider.access_tokens[held.credential.value.reveal()].expires_at = 0
+    refused = httpx.post(url, headers=headers, json=body, timeout=10)
+    assert refused.status_code == 401  # the upstream's answer, passed on: a POST is never sent twice
+    assert sum(1 for s in demo.api.seen if s.method == "POST") == posts + 1
+    wait_for(lambda: credentials.held(bundle["run_id"]) is not held)
+    assert httpx.post(url, headers=headers, json=body, timeout=10).status_code == 200
