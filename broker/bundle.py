@@ -50,10 +50,12 @@ def render(
     for upstream_name, token in tokens.items():
         upstream = policies.upstreams[upstream_name]
         env[upstream.env.placeholder] = token
-        if base_urls:
+        if base_urls or upstream.postgres is not None:  # psql never goes through an HTTP proxy
             gateway = settings.gateway_url(upstream_name).rstrip("/")
             gateways[upstream_name] = gateway
-            env[upstream.env.base_url] = gateway + upstream.env.base_path
+            env[upstream.env.base_url] = (
+                database_url(gateway, record.run_id, upstream.postgres.database)
+                if upstream.postgres is not None else gateway + upstream.env.base_path)
     files: dict[str, str] = {}
     if proxy is not None:
         files[settings.proxy.sandbox_ca_path] = proxy.ca_pem
@@ -82,6 +84,15 @@ def proxy_env(settings: BrokerSettings, token: str, gateways: dict[str, str]) ->
     env.update({var: settings.proxy.sandbox_ca_path for var in CA_VARS})
     env["VALETKEY_PROXY"] = settings.proxy.url
     return env
+
+
+def database_url(gateway: str, run_id: str, database: str) -> str:
+    """A Postgres gateway's URL for the sandbox: user = the run id, the password is the token in
+    the placeholder variable (PGPASSWORD), ``sslmode`` from the configured gateway URL (default
+    ``require``: the token never crosses a network in the clear)."""
+    parts = urlsplit(gateway)
+    query = parts.query or "sslmode=require"
+    return f"postgresql://{run_id}@{parts.netloc}/{database}?{query}"
 
 
 def dotenv(env: dict[str, str]) -> str:

@@ -111,5 +111,5 @@ def _gateway_urls(raw: str) -> dict[str, str]:
         name, sep, url = item.partition("=")
         if not sep or not name:
             raise SettingsError(f"VALETKEY_GATEWAY_URLS: {item!r} is not name=url")
-        out[name.strip()] = checked_url("VALETKEY_GATEWAY_URLS", url.strip())
+        out[name.strip()] = checked_url("VALETKEY_GATEWAY_URLS", url.strip(), ("http", "https", "postgresql"))
     return out

@@ -133,6 +133,13 @@ class Reason(StrEnum):
     CLIENT_HELLO_INVALID = "client_hello_invalid"  # not a TLS ClientHello, or over its bound
     CLIENT_HELLO_TIMEOUT = "client_hello_timeout"
     TLS_HANDSHAKE_FAILED = "tls_handshake_failed"  # the client did not complete our TLS handshake
+    # the Postgres gateway (gateways/pg_session.py): refusals of the wire protocol's start-up
+    PROTOCOL_VIOLATION = "protocol_violation"  # not PostgreSQL protocol 3.0 as we speak it
+    TLS_REQUIRED = "tls_required"  # a password over a non-TLS, non-loopback connection
+    DATABASE_NOT_GRANTED = "database_not_granted"  # another database than the policy's
+    PURPOSE_AMBIGUOUS = "purpose_ambiguous"  # several purposes granted, none named
+    RUN_EXPIRED = "run_expired"  # the run's token expired while its session was open
+    DATABASE_UNAVAILABLE = "database_unavailable"  # the database refused or could not be reached
 
 
 class ValetkeyError(Exception):

@@ -169,6 +169,32 @@ class VaultClient:
             raise UpstreamError(f"secret {ref.api_path} has no field {ref.field!r}")
         return Secret(value)
 
+    async def issue_lease(self, path: str) -> tuple[dict[str, Any], str, int]:
+        """Read a dynamic secret (``database/creds/<role>``): (data, lease id, lease seconds)."""
+        response = await self._request("GET", path)
+        if response.status_code != 200:
+            raise UpstreamError(f"vault refused to issue {path} ({response.status_code})",
+                                Reason.CREDENTIAL_SOURCE_REFUSED)
+        body = _json(response)
+        data, lease_id = body.get("data"), body.get("lease_id")
+        if not isinstance(data, dict) or not isinstance(lease_id, str) or not lease_id:
+            raise UpstreamError(f"vault answer for {path} has no lease", Reason.CREDENTIAL_SOURCE_REFUSED)
+        return data, lease_id, int(body.get("lease_duration") or 0)
+
+    async def renew_lease(self, lease_id: str, increment: int) -> int:
+        """Renew a lease by ``increment`` seconds; returns the seconds it now has (Vault may cap it)."""
+        response = await self._request("PUT", f"sys/leases/renew/{lease_id}", {"increment": increment})
+        if response.status_code != 200:
+            raise UpstreamError(f"vault refused to renew a lease ({response.status_code})",
+                                Reason.CREDENTIAL_SOURCE_REFUSED)
+        return int(_json(response).get("lease_duration") or 0)
+
+    async def revoke_lease(self, lease_id: str) -> None:
+        """Revoke a lease now (the engine's revocation statements run before Vault answers)."""
+        response = await self._request("PUT", f"sys/leases/revoke/{lease_id}")
+        if response.status_code not in (200, 204):
+            raise UpstreamError(f"vault refused to revoke a lease ({response.status_code})",
+                                Reason.CREDENTIAL_SOURCE_REFUSED)
     async def transit_sign_rs256(self, mount: str, key: str, message: bytes) -> bytes:
         """An RS256 signature (RSASSA-PKCS1-v1_5 with SHA-256) of ``message`` by a transit RSA key."""
         body = {"input": base64.b64encode(message).decode(), "hash_algorithm": "sha2-256",

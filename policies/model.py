@@ -122,6 +122,22 @@ class SandboxEnv:
 
 
 @dataclass(frozen=True)
+class PostgresTarget:
+    """Where a Postgres gateway connects (``protocol: postgres``): the database's address, the one
+    database its runs may use, and TLS to it (``disable``, ``require``, ``verify-full``)."""
+
+    host: str
+    port: int
+    database: str
+    tls: str = "verify-full"
+
+    @property
+    def url(self) -> str:
+        shown = f"[{self.host}]" if ":" in self.host else self.host
+        return f"postgresql://{shown}:{self.port}/{self.database}"
+
+
+@dataclass(frozen=True)
 class Upstream:
     name: str
     base_url: str
@@ -136,6 +152,8 @@ class Upstream:
     run_limits: RunLimits = field(default_factory=lambda: RunLimits())
     source: str = ""  # the policy file
     credential_source: CredentialSource = field(default_factory=KvSource)
+    protocol: str = "http"  # or "postgres" (policies/postgres_doc.py: no HTTP fields apply)
+    postgres: PostgresTarget | None = None
 
     @property
     def origin(self) -> str:

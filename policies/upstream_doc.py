@@ -25,6 +25,7 @@ from policies.model import (
     Upstream,
 )
 from policies.origins import Origin, OriginError, parse_origin
+from policies.postgres_doc import postgres_upstream
 from policies.report import Report, description, keys, label, mapping, string
 from policies.source_doc import source
 from policies.sources import KvSource
@@ -54,10 +55,12 @@ def _has_dot_segment(path: str) -> bool:
 
 def upstream(doc: dict[str, Any], r: Report) -> Upstream | None:
     rule = label("upstream", doc)
+    if doc.get("protocol", "http") != "http":
+        return _other_protocol(doc, rule, r)
     known = keys(
         doc, rule,
         {"version", "kind", "name", "base_url", "inject", "env", "purposes"},
-        {"allow_private", "description", "run_limits", "secret", "source"}, r,
+        {"allow_private", "description", "run_limits", "secret", "source", "protocol"}, r,
     )
     name = string(doc["name"], f"{rule} name", r, NAME) if "name" in doc else None
     if not known or name is None or not description(doc, rule, r):
@@ -91,6 +94,15 @@ def upstream(doc: dict[str, Any], r: Report) -> Upstream | None:
         injection=injection, env=env, purposes=MappingProxyType(purposes),
         allow_private=allow_private, run_limits=limits, source=r.file, credential_source=origin,
     )
+
+
+def _other_protocol(doc: dict[str, Any], rule: str, r: Report) -> Upstream | None:
+    name = string(doc.get("name"), f"{rule} name", r, NAME)
+    if doc["protocol"] != "postgres":
+        r.add(f"{rule} protocol", f"{doc['protocol']!r} is not a protocol valetkey speaks",
+              "write `protocol: http` (the default) or `protocol: postgres`")
+        return None
+    return None if name is None else postgres_upstream(doc, name, rule, r)
 
 
 def _base_url(value: Any, rule: str, r: Report) -> Origin | None:

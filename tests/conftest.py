@@ -17,7 +17,7 @@ from valetkey.dev.services import OpenBaoDev, RedisServer
 from valetkey.dev.vault_seed import DevVault
 
 # the broker and gateway stacks are fixtures every test package may use
-pytest_plugins = ["tests.support.broker_stack", "tests.support.gateway_stack"]
+pytest_plugins = ["tests.support.broker_stack", "tests.support.gateway_stack", "tests.support.pg_stack"]
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED_POLICY_DIR = REPO / "policies"

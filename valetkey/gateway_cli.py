@@ -6,11 +6,16 @@ import logging
 import os
 import socket
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from contract.env import SettingsError
 from policies.load import PolicyLoadError, load_policy_dir
+
+if TYPE_CHECKING:
+    from gateways.settings import GatewaySettings
+    from policies.model import Upstream
 
 
 @click.group("gateway")
@@ -44,6 +49,9 @@ def gateway_serve(upstream: str, workers: int, log_level: str) -> None:
                    f"known: {sorted(policies.upstreams)}", err=True)
         sys.exit(1)
     logging.basicConfig(level=log_level.upper(), format="%(message)s", stream=sys.stdout, force=True)
+    if policies.upstreams[upstream].protocol == "postgres":
+        _serve_postgres(settings, policies.upstreams[upstream], workers)
+        return
     if workers > 1:
         # each worker process builds its own app from the environment (uvicorn's factory mode)
         os.environ["VALETKEY_GATEWAY_UPSTREAM"] = upstream
@@ -69,4 +77,25 @@ def gateway_serve(upstream: str, workers: int, log_level: str) -> None:
             raise
     if not server.started:
         click.echo(f"error: gateway did not start: {app.startup_error or 'see the log above'}", err=True)
+        sys.exit(1)
+
+
+def _serve_postgres(settings: GatewaySettings, upstream: Upstream, workers: int) -> None:
+    """The Postgres gateway: one asyncio process (no uvicorn); run replicas for more."""
+    import asyncio
+
+    from contract.errors import ValetkeyError
+    from gateways.pg_gateway import serve
+
+    if workers != 1:
+        click.echo("error: a postgres gateway runs one worker per process; run more replicas instead",
+                   err=True)
+        sys.exit(1)
+    try:
+        asyncio.run(serve(settings, upstream))
+    except KeyboardInterrupt:
+        return
+    except (ValetkeyError, SettingsError, OSError) as exc:
+        detail = exc.detail if isinstance(exc, ValetkeyError) else str(exc)
+        click.echo(f"error: gateway did not start: {detail}", err=True)
         sys.exit(1)

@@ -58,6 +58,8 @@ def proxy_rules(policies: PolicySet) -> str:
     path, capabilities joined, sorted (a stable policy text)."""
     rules: dict[str, set[str]] = {}
     for up in policies.upstreams.values():
+        if up.scheme != "https":  # the proxy serves https upstreams only (never a Postgres one)
+            continue
         for path, caps in vault_access(up.credential_source, up.secret):
             rules.setdefault(path, set()).update(c.strip(' "') for c in caps.strip("[]").split(","))
     return "".join(f'path "{path}" {{\n  capabilities = {json.dumps(sorted(caps))}\n}}\n'

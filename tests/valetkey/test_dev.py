@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -89,3 +90,25 @@ def test_dev_refuses_a_taken_port(tmp_path: Path) -> None:
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 1
     assert f"broker port {taken}" in out
+
+
+def test_dev_with_postgres_serves_the_demo_database(tmp_path: Path) -> None:
+    import psycopg
+
+    ports = (free_port(), free_port(), free_port())
+    proc = _dev(tmp_path, *ports, extra=("--postgres", "--upstreams", "appdb", "--no-demo"))
+    text = output_until_ready(proc, 90)
+    try:
+        assert "Ctrl-C to stop" in text, text
+        assert "PLACEHOLDER" not in text  # the database credential is a lease, not a KV secret
+        env = {**os.environ, "VALETKEY_DEV_DIR": str(tmp_path),
+               "VAULT_TOKEN": (tmp_path / "runtime-db-agent-token").read_text().strip()}
+        created = subprocess.run([VALETKEY, "run", "create", "--grant", "appdb:read", "--format", "json"],
+                                 env=env, capture_output=True, text=True, timeout=30, check=True)
+        bundle = json.loads(created.stdout)["env"]
+        with psycopg.connect(bundle["DATABASE_URL"], password=bundle["PGPASSWORD"]) as conn:
+            assert conn.execute("SELECT count(*) FROM items").fetchone() == (2,)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out

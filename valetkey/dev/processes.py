@@ -62,11 +62,15 @@ class Child:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise ServiceError(f"{self.name} exited with {self.proc.returncode}: {self.tail()}")
-            try:
-                if httpx.get(self.ready_url, timeout=1.0).status_code == 200:
+            if self.ready_url.startswith("tcp://"):  # a Postgres gateway: listening is ready
+                if not port_free(int(self.ready_url.rsplit(":", 1)[1])):
                     return
-            except httpx.TransportError:
-                pass
+            else:
+                try:
+                    if httpx.get(self.ready_url, timeout=1.0).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
             time.sleep(0.05)
         raise ServiceError(f"{self.name} not ready within {READY_TIMEOUT:.0f}s: {self.tail()}")
 

@@ -20,11 +20,14 @@ from urllib.parse import urlsplit
 
 import click
 import httpx
+import hvac
 
 from contract.errors import ServiceError, ValetkeyError
 from policies.load import PolicyLoadError, load_policy_dir
 from policies.model import PolicySet
+from valetkey.dev import database
 from valetkey.dev.demo.policies import DEMO_RUNTIME, DEMO_UPSTREAMS, demo_grants, write_demo_policies
+from valetkey.dev.postgres import PostgresServer
 from valetkey.dev.processes import Child, check_ports, valetkey_argv
 from valetkey.dev.services import LOOPBACK, LocalService, OpenBaoDev, RedisServer, free_port
 from valetkey.dev.state import (
@@ -60,6 +63,7 @@ class DevStack:
     upstreams: tuple[str, ...]
     policy_dir: Path | None  # None: the demo upstreams and their policies
     demo: bool
+    postgres: bool = False  # also a PostgreSQL with the demo database, Vault's engine, gateway appdb
     echo: Any = click.echo
     children: list[Child] = field(default_factory=list)
     proxy_port: int = 8480  # the egress proxy; 0 (or --gateway-port 0) picks a free port
@@ -76,6 +80,10 @@ class DevStack:
             stack.enter_context(DirLock(self.workdir))
             stack.callback(self._stop_children)
             policies, policy_dir, demo_ports = self._policies()
+            manager_password, pg = "", None
+            if self.postgres:
+                pg, manager_password = self._postgres(stack, policy_dir)
+                policies = load_policy_dir(policy_dir)
             names = self.upstreams or tuple(policies.upstreams)
             unknown = sorted(set(names) - set(policies.upstreams))
             if unknown:
@@ -96,18 +104,22 @@ class DevStack:
             dev_vault = DevVault.create(vault.addr, vault.root_token, policies,
                                         seed_kind="real" if demo_ports else "placeholder")
             self.echo("  done")
+            if pg is not None:
+                database.configure(hvac.Client(url=vault.addr, token=vault.root_token), pg,
+                                   [database.DEV_UPSTREAM], manager_password)
+                self.echo(f"• Vault database engine at {database.MOUNT}/ for the demo database")
             if demo_ports:
                 self._demo_upstreams(stack, dev_vault, demo_ports)
-            broker_url = self._broker(dev_vault, redis.url, policy_dir, gateways)
-            self._gateways(dev_vault, redis.url, policy_dir, broker_url, gateways)
+            broker_url = self._broker(dev_vault, redis.url, policy_dir, gateways, policies)
+            self._gateways(dev_vault, redis.url, policy_dir, broker_url, gateways, policies)
             self._proxy(dev_vault, redis.url, policy_dir, broker_url)
             DevState(os.getpid(), broker_url, redis.url, vault.addr, str(policy_dir.resolve()),
-                     {n: f"http://{LOOPBACK}:{p}" for n, p in gateways.items()}).write(self.workdir)
+                     {n: self._gateway_url(policies, n, p) for n, p in gateways.items()}).write(self.workdir)
             self._summary(dev_vault, broker_url, redis.url, gateways, time.monotonic() - started)
             self._tokens(dev_vault, policies)
             self._console(dev_vault, broker_url)
-            if not demo_ports:
-                self._placeholders(tuple(gateways))
+            if not demo_ports:  # a Postgres upstream's credential comes from its lease, not KV
+                self._placeholders(tuple(n for n in gateways if policies.upstreams[n].secret is not None))
             if self.demo:
                 self._demo_run(dev_vault, broker_url, policies, names)
             if until_stopped:
@@ -116,7 +128,8 @@ class DevStack:
     def _policies(self) -> tuple[PolicySet, Path, dict[str, int]]:
         if self.policy_dir is not None:
             return load_policy_dir(self.policy_dir), self.policy_dir, {}
-        names = self.upstreams or DEMO_UPSTREAMS
+        names = tuple(n for n in self.upstreams if not (self.postgres and n == database.DEV_UPSTREAM))
+        names = names or (() if self.upstreams else DEMO_UPSTREAMS)
         unknown = sorted(set(names) - set(DEMO_UPSTREAMS))
         if unknown:
             raise ServiceError(f"no demo upstream {unknown}; known: {list(DEMO_UPSTREAMS)}")
@@ -126,6 +139,22 @@ class DevStack:
             old.unlink()
         write_demo_policies(directory, ports)
         return load_policy_dir(directory), directory, ports
+
+    def _postgres(self, stack: ExitStack, policy_dir: Path) -> tuple[PostgresServer, str]:
+        if self.policy_dir is not None:
+            raise ServiceError("--postgres adds the demo database to the demo policies; with --policy-dir, "
+                               "configure your own database (docs/operations.md, Postgres upstreams)")
+        pg = PostgresServer()
+        self._service(stack, pg, "PostgreSQL (demo database app, table items)")
+        password = database.prepare(pg)
+        database.write_dev_policies(policy_dir, pg.port)
+        return pg, password
+
+    @staticmethod
+    def _gateway_url(policies: PolicySet, name: str, port: int) -> str:
+        if policies.upstreams[name].protocol == "postgres":  # loopback: no TLS needed (docs/policy.md)
+            return f"postgresql://{LOOPBACK}:{port}?sslmode=disable"
+        return f"http://{LOOPBACK}:{port}"
 
     def _service(self, stack: ExitStack, service: LocalService, label: str) -> None:
         self.echo(f"• {label} on {LOOPBACK}:{service.port} …")
@@ -150,12 +179,14 @@ class DevStack:
         return {**os.environ, "VAULT_ADDR": vault.addr, "VALETKEY_REDIS_URL": redis_url,
                 "VALETKEY_POLICY_DIR": str(policy_dir), "VALETKEY_ISSUER": f"http://{LOOPBACK}:{self.broker_port}"}
 
-    def _broker(self, vault: DevVault, redis_url: str, policy_dir: Path, gateways: dict[str, int]) -> str:
+    def _broker(self, vault: DevVault, redis_url: str, policy_dir: Path, gateways: dict[str, int],
+                policies: PolicySet) -> str:
         url = f"http://{LOOPBACK}:{self.broker_port}"
         env = {**self._common_env(vault, redis_url, policy_dir), "VAULT_TOKEN": vault.broker_token,
                "VALETKEY_LISTEN": f"{LOOPBACK}:{self.broker_port}",
                "VALETKEY_CONSOLE_INSECURE_COOKIES": "1",  # plain HTTP on loopback: no Secure cookies
-               "VALETKEY_GATEWAY_URLS": ",".join(f"{n}=http://{LOOPBACK}:{p}" for n, p in gateways.items()),
+               "VALETKEY_GATEWAY_URLS": ",".join(f"{n}={self._gateway_url(policies, n, p)}"
+                                                 for n, p in gateways.items()),
                # bundles name the gateways (base URLs) and the egress proxy (everything else)
                "VALETKEY_PROXY_URL": f"http://{LOOPBACK}:{self.proxy_port}", "VALETKEY_EGRESS": "both"}
         self._start(Child("broker", valetkey_argv("broker", "serve"), env, f"{url}/readyz",
@@ -163,7 +194,7 @@ class DevStack:
         return url
 
     def _gateways(self, vault: DevVault, redis_url: str, policy_dir: Path, broker_url: str,
-                  ports: dict[str, int]) -> None:
+                  ports: dict[str, int], policies: PolicySet) -> None:
         """Start every gateway at once, then wait for each: start-up time is the slowest one's."""
         children = []
         for name, port in ports.items():
@@ -172,8 +203,10 @@ class DevStack:
                    "VALETKEY_BROKER_URL": broker_url, "VALETKEY_LISTEN": f"{LOOPBACK}:{port}",
                    "VALETKEY_CONSOLE_URL": broker_url,
                    "VALETKEY_SECRET_REFRESH": os.environ.get("VALETKEY_SECRET_REFRESH", DEV_SECRET_REFRESH)}
+            ready = (f"tcp://{LOOPBACK}:{port}" if policies.upstreams[name].protocol == "postgres"
+                     else f"http://{LOOPBACK}:{port}/.valetkey/readyz")
             child = Child(f"gateway {name}", valetkey_argv("gateway", "serve", "--upstream", name), env,
-                          f"http://{LOOPBACK}:{port}/.valetkey/readyz", self.workdir / f"gateway-{name}.log")
+                          ready, self.workdir / f"gateway-{name}.log")
             self.children.append(child)
             child.spawn()
             children.append(child)
@@ -198,7 +231,10 @@ class DevStack:
                   f"(development only: in-memory Vault, {secrets})")
         self.echo(f"  broker    {broker_url}")
         for name, port in gateways.items():
-            self.echo(f"  gateway   {name:<11} http://{LOOPBACK}:{port}")
+            self.echo(f"  gateway   {name:<11} http://{LOOPBACK}:{port}" if name != database.DEV_UPSTREAM
+                      or not self.postgres else
+                      f"  gateway   {name:<11} postgresql://{LOOPBACK}:{port}  (runtime db-agent: "
+                      f"run create --grant {name}:read, then psql \"$DATABASE_URL\")")
         self.echo(f"  proxy     http://{LOOPBACK}:{self.proxy_port}  (HTTPS_PROXY of every run's bundle)")
         self.echo(f"  redis     {redis_url}")
         self.echo(f"  vault     {vault.addr}  (root token in {self.workdir / ROOT_TOKEN_FILE})")
@@ -350,13 +386,16 @@ class DevStack:
 @click.option("--proxy-port", type=int, default=8480, show_default=True,
               help="Egress proxy port; 0 picks a free port.")
 @click.option("--no-demo", is_flag=True, help="Do not mint a demo run.")
+@click.option("--postgres", is_flag=True,
+              help="Also PostgreSQL (Debian's package) with a demo database behind gateway appdb.")
 def dev_command(upstreams: str, policy_dir: Path | None, state_dir_option: Path | None, vault_port: int,
-                redis_port: int, broker_port: int, gateway_port: int, proxy_port: int, no_demo: bool) -> None:
+                redis_port: int, broker_port: int, gateway_port: int, proxy_port: int, no_demo: bool,
+                postgres: bool) -> None:
     """Run the local stack: OpenBao, Redis, bootstrap, demo upstreams, broker, gateways, a demo run."""
     workdir = state_dir(state_dir_option)
     names = tuple(n.strip() for n in upstreams.split(",") if n.strip())
     stack = DevStack(workdir, vault_port, redis_port, broker_port, gateway_port, names, policy_dir,
-                     demo=not no_demo, proxy_port=proxy_port)
+                     demo=not no_demo, proxy_port=proxy_port, postgres=postgres)
     try:
         stack.run()
     except (ValetkeyError, PolicyLoadError) as exc:
