@@ -150,8 +150,28 @@ def rotate_ca(client: Any, kv_mount: str = "secret", overlap: int = 0, now: floa
                     public_certs=len(load_certs(certs)), active_from=when + overlap, slot=target)
 
 
+def roles(client: Any, kv_mount: str = "secret", now: float | None = None) -> dict[str, str]:
+    """Each public certificate's fingerprint → ``signing``, ``staged until <time>`` or
+    ``previous`` (from ``ca-public``'s slots; a CA from before rotations is ``signing``)."""
+    data = _read(client, kv_mount, CA_PUBLIC_PATH)
+    when = time.time() if now is None else now
+    signing = signing_slot(data, when)
+    out: dict[str, str] = {}
+    for path, slot in slots_of(data).items():
+        start = int(slot["active_from"])
+        out[str(slot["sha256"])] = ("signing" if path == signing else
+                                    f"staged, signs from {_iso(start)}" if start > when else "previous")
+    return out
+
+
+def _iso(when: int) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(when, datetime.UTC).isoformat(timespec="seconds")
+
+
 def read_public(client: Any, kv_mount: str = "secret") -> str:
-    """The PEM of ``ca-public`` (current first); BadRequest when absent or unusable."""
+    """The PEM of ``ca-public`` (signing first); BadRequest when absent or unusable."""
     try:
         return public_certs(_read(client, kv_mount, CA_PUBLIC_PATH))
     except CAError as exc:

@@ -26,7 +26,7 @@ from policies.load import PolicyLoadError, load_policy_dir
 from valetkey.bootstrap import open_client, vault_errors
 from valetkey.broker_cli import vault_addr
 from valetkey.cli_support import CONTEXT, JSON_OPTION, fail
-from valetkey.proxy_bootstrap import read_public, rotate_ca
+from valetkey.proxy_bootstrap import read_public, roles, rotate_ca
 
 MOUNT_OPTION = click.option("--mount", default=KV_MOUNT, show_default=True,
                             help="KV v2 mount holding valetkey/proxy/ca and ca-public.")
@@ -54,11 +54,14 @@ def _vault(action: str) -> Iterator[Any]:
         fail(exc.detail)
 
 
-def _describe(pem: str) -> list[dict[str, str]]:
-    return [{"role": "current" if i == 0 else "previous", "subject": c.subject.rfc4514_string(),
-             "not_after": c.not_valid_after_utc.isoformat(),
-             "sha256": c.fingerprint(hashes.SHA256()).hex()}
-            for i, c in enumerate(load_certs(pem))]
+def _describe(pem: str, known: dict[str, str]) -> list[dict[str, str]]:
+    out = []
+    for i, cert in enumerate(load_certs(pem)):
+        sha = cert.fingerprint(hashes.SHA256()).hex()
+        role = known.get(sha) or ("signing" if i == 0 and not known else "previous")
+        out.append({"role": role, "subject": cert.subject.rfc4514_string(),
+                    "not_after": cert.not_valid_after_utc.isoformat(), "sha256": sha})
+    return out
 
 
 @ca_group.command("show")
@@ -70,12 +73,13 @@ def ca_show(mount: str, as_json: bool, as_pem: bool) -> None:
     rotation. Never the key."""
     with _vault("read the proxy CA's public certificates") as client:
         pem = read_public(client, mount)
+        known = roles(client, mount)
     if as_pem:
         click.echo(pem, nl=False)
     elif as_json:
-        click.echo(json.dumps({"certs": _describe(pem)}, indent=2))
+        click.echo(json.dumps({"certs": _describe(pem, known)}, indent=2))
     else:
-        for cert in _describe(pem):
+        for cert in _describe(pem, known):
             click.echo(f"{cert['role']:<9} {cert['subject']}  until {cert['not_after']}  "
                        f"sha256 {cert['sha256'][:16]}…")
 
