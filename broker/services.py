@@ -19,6 +19,7 @@ from broker.callers import Caller, CallerAuthenticator
 from broker.runs import RunRegistry
 from broker.settings import BrokerSettings
 from broker.signer import TransitSigner
+from contract import redis_url
 from contract.revocations import RevocationStore
 from contract.vault import VaultClient
 from policies.load import load_policy_dir
@@ -46,11 +47,8 @@ class Services:
                             max_connections=settings.vault_max_connections)
         # redis-py's default pool fails a call at once beyond 100 connections ("Too many
         # connections": 503 for every mint past the hundredth of a burst); this one waits
-        pool = aioredis.BlockingConnectionPool.from_url(
-            settings.redis_url, max_connections=settings.redis_max_connections, timeout=REDIS_POOL_WAIT,
-            socket_timeout=2.0, socket_connect_timeout=2.0,
-        )
-        client = aioredis.Redis.from_pool(pool)
+        client = redis_url.async_client(settings.redis_url, max_connections=settings.redis_max_connections,
+                                        pool_timeout=REDIS_POOL_WAIT)
         return cls(
             settings=settings, policies=policies, vault=vault, redis=client,
             runs=RunRegistry(client),

@@ -9,13 +9,13 @@ from pathlib import Path
 from types import MappingProxyType
 
 from contract.env import (
-    REDIS_SCHEMES,
     SettingsError,
     checked_url,
     directory,
     duration,
     int_setting,
     listen,
+    redis_url_setting,
     required,
     url_setting,
 )
@@ -62,7 +62,7 @@ class BrokerSettings:
         return cls(
             vault_addr=url_setting(env, "VAULT_ADDR", "http://127.0.0.1:8200"),
             vault_token=Secret(required(env, "VAULT_TOKEN")),
-            redis_url=url_setting(env, "VALETKEY_REDIS_URL", "redis://127.0.0.1:6379/0", REDIS_SCHEMES),
+            redis_url=redis_url_setting(env, "VALETKEY_REDIS_URL", "redis://127.0.0.1:6379/0"),
             policy_dir=directory(env, "VALETKEY_POLICY_DIR", SHIPPED_POLICY_DIR),
             issuer=checked_url("VALETKEY_ISSUER", issuer),
             host=host,

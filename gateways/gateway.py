@@ -18,6 +18,7 @@ import httpx
 import redis.asyncio as aioredis
 from prometheus_client import start_http_server
 
+from contract import redis_url
 from contract.jwks import KeyCache, http_fetcher
 from contract.secret import Secret
 from contract.vault import VaultClient
@@ -108,9 +109,8 @@ class Gateway:
         vault = VaultClient(settings.vault_addr, settings.vault_token or Secret(""))
         # one pool for budgets, audit, alerts and revocations, sized on purpose: a request waits
         # up to REDIS_POOL_WAIT for a free connection rather than failing at redis-py's cap
-        redis = aioredis.Redis.from_pool(aioredis.BlockingConnectionPool.from_url(
-            settings.redis_url, max_connections=settings.redis_max_connections, timeout=REDIS_POOL_WAIT,
-            socket_timeout=2.0))
+        redis = redis_url.async_client(settings.redis_url, max_connections=settings.redis_max_connections,
+                                       pool_timeout=REDIS_POOL_WAIT)
         broker_tls: ssl.SSLContext | bool = (
             ssl.create_default_context(cafile=settings.broker_ca_file) if settings.broker_ca_file else True
         )

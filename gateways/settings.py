@@ -9,13 +9,13 @@ from pathlib import Path
 
 from contract.claims import MAX_LEEWAY
 from contract.env import (
-    REDIS_SCHEMES,
     SettingsError,
     checked_url,
     directory,
     duration,
     int_setting,
     listen,
+    redis_url_setting,
     url_setting,
 )
 from contract.secret import Secret
@@ -85,7 +85,7 @@ class GatewaySettings:
             vault_token=Secret(token) if token else None,
             approle_role_id=role_id,
             approle_secret_id=secret_id,
-            redis_url=url_setting(env, "VALETKEY_REDIS_URL", "redis://127.0.0.1:6379/0", REDIS_SCHEMES),
+            redis_url=redis_url_setting(env, "VALETKEY_REDIS_URL", "redis://127.0.0.1:6379/0"),
             policy_dir=directory(env, "VALETKEY_POLICY_DIR", SHIPPED_POLICY_DIR),
             broker_url=broker_url,
             issuer=checked_url("VALETKEY_ISSUER", env.get("VALETKEY_ISSUER", broker_url)),
