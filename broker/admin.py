@@ -52,6 +52,7 @@ async def end_run_artifacts(svc: Services, record: RunRecord, who: str, why: str
     revocation = await revocation_events.revoke_and_record(
         svc.redis, new_revocation(Scope.RUN, record.run_id, who, why, run_expires=record.expires),
         svc.settings.audit_maxlen, runtime=record.runtime)
+    await svc.keeper.save(revocation)
     for accessor in record.vault_accessors:
         try:
             await svc.vault.revoke_accessor(accessor)
@@ -102,6 +103,7 @@ async def _revoke(request: Request) -> Response:
         if record is None:  # unknown here (expired, or Redis lost it): revoke the id all the same
             revocation = await revocation_events.revoke_and_record(
                 svc.redis, new_revocation(scope, name, caller.name, why), svc.settings.audit_maxlen)
+            await svc.keeper.save(revocation)
         else:
             revocation = await end_run_artifacts(svc, record, caller.name, why)
             try:
@@ -112,6 +114,7 @@ async def _revoke(request: Request) -> Response:
         _require_in_policy(svc, scope, name)
         revocation = await revocation_events.revoke_and_record(
             svc.redis, new_revocation(scope, name, caller.name, why), svc.settings.audit_maxlen)
+    await svc.keeper.save(revocation)  # the durable copy (broker/revocation_keeper.py)
     return JSONResponse({**_view(revocation), "recorded": True}, status_code=201)
 
 
@@ -129,6 +132,7 @@ async def lift(request: Request) -> Response:
     except Unavailable as exc:
         raise Unavailable(f"{exc.detail}: the lift was NOT recorded; the revocation still stands",
                           exc.reason, recorded=False) from None
+    await svc.keeper.save(revocation)
     await record_event(svc, revocation, "lift")
     return JSONResponse({**_view(revocation), "recorded": True})
 

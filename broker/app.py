@@ -170,12 +170,14 @@ def create_app(settings: BrokerSettings, policies: PolicySet | None = None) -> S
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         svc = Services.build(settings, policies)
         app.state.services = svc
+        await svc.keeper.start()  # the revocations are back in Redis before the first mint
         reaper = Reaper(svc)
         await reaper.start()
         try:
             yield
         finally:
             await reaper.stop()
+            await svc.keeper.stop()
             await svc.aclose()
 
     routes = [

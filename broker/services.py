@@ -16,6 +16,7 @@ import redis.asyncio as aioredis
 from starlette.requests import Request
 
 from broker.callers import Caller, CallerAuthenticator
+from broker.revocation_keeper import RevocationKeeper
 from broker.runs import RunRegistry
 from broker.settings import BrokerSettings
 from broker.signer import TransitSigner
@@ -39,6 +40,7 @@ class Services:
     signer: TransitSigner
     callers: CallerAuthenticator
     revocations: RevocationStore
+    keeper: RevocationKeeper
 
     @classmethod
     def build(cls, settings: BrokerSettings, policies: PolicySet | None = None) -> Services:
@@ -58,7 +60,8 @@ class Services:
             callers=CallerAuthenticator(
                 vault, policies, settings.admin_policy, settings.caller_cache_ttl
             ),
-            revocations=RevocationStore(client),
+            revocations=RevocationStore(client, require_generation=True),
+            keeper=RevocationKeeper(client, vault),
         )
 
     async def aclose(self) -> None:

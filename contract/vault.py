@@ -169,6 +169,42 @@ class VaultClient:
             raise UpstreamError(f"secret {ref.api_path} has no field {ref.field!r}")
         return Secret(value)
 
+    async def kv_put(self, mount: str, path: str, data: dict[str, str]) -> None:
+        """Write a KV v2 entry (valetkey's own records, e.g. the durable revocations)."""
+        response = await self._request("POST", f"{mount}/data/{path}", {"data": data})
+        if response.status_code not in (200, 204):
+            raise UpstreamError(f"vault refused writing {mount}/data/{path} with {response.status_code}",
+                                Reason.VAULT_UNAVAILABLE)
+
+    async def kv_get(self, mount: str, path: str) -> dict[str, Any] | None:
+        """A KV v2 entry's data; None when there is none (or it was deleted)."""
+        response = await self._request("GET", f"{mount}/data/{path}")
+        if response.status_code == 404:
+            return None
+        data = await self._data_of(response, f"{mount}/data/{path}")
+        inner = data.get("data")
+        return inner if isinstance(inner, dict) else None
+
+    async def kv_list(self, mount: str, path: str) -> list[str]:
+        response = await self._request("LIST", f"{mount}/metadata/{path}")
+        if response.status_code == 404:
+            return []
+        keys = (await self._data_of(response, f"{mount}/metadata/{path}")).get("keys")
+        return [k for k in keys if isinstance(k, str)] if isinstance(keys, list) else []
+
+    async def kv_delete(self, mount: str, path: str) -> None:
+        """Delete every version of an entry."""
+        response = await self._request("DELETE", f"{mount}/metadata/{path}")
+        if response.status_code not in (200, 204, 404):
+            raise UpstreamError(f"vault refused deleting {mount}/metadata/{path} with "
+                                f"{response.status_code}", Reason.VAULT_UNAVAILABLE)
+
+    async def _data_of(self, response: httpx.Response, path: str) -> dict[str, Any]:
+        if response.status_code != 200:
+            raise UpstreamError(f"vault refused {path} with {response.status_code}", Reason.VAULT_UNAVAILABLE)
+        data = _json(response).get("data")
+        return data if isinstance(data, dict) else {}
+
     async def approle_login(self, role_id: str, secret_id: Secret) -> tuple[Secret, int]:
         """Log in with AppRole; returns the client token and its lease in seconds."""
         response = await self._request(

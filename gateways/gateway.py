@@ -119,7 +119,8 @@ class Gateway:
                         max_age=settings.jwks_max_age, max_stale=settings.jwks_max_stale)
         metrics = Metrics()
         policy = alerting or Alerting()
-        revocations = RevocationWatcher(redis, max_stale=settings.revocation_max_stale)
+        revocations = RevocationWatcher(redis, max_stale=settings.revocation_max_stale,
+                                        require_generation=True)
         # webhooks go to the on-call receiver: public CAs, not the broker's private CA
         webhook_url = settings.alert_webhook_url or policy.webhook_url
         webhook = WebhookSender(webhook_url, settings.alert_webhook_secret,
@@ -144,7 +145,7 @@ class Gateway:
                                   max_connections=settings.upstream_max_connections,
                                   ca_file=settings.upstream_ca_file),
             audit=audit, metrics=metrics, http=http, revocations=revocations,
-            budgets=Budgets(redis, upstream), slots=RunSlots(upstream.run_limits.concurrent),
+            budgets=Budgets(redis, upstream, since=revocations.generation_since), slots=RunSlots(upstream.run_limits.concurrent),
             detectors=detectors, webhook=webhook,
         )
 
