@@ -17,6 +17,7 @@ from contract.env import (
     listen,
     redis_url_setting,
     required,
+    url_list_setting,
     url_setting,
 )
 from contract.secret import Secret
@@ -60,7 +61,7 @@ class BrokerSettings:
         host, port = listen("VALETKEY_LISTEN", address)
         issuer = env.get("VALETKEY_ISSUER", f"http://{address}")
         return cls(
-            vault_addr=url_setting(env, "VAULT_ADDR", "http://127.0.0.1:8200"),
+            vault_addr=url_list_setting(env, "VAULT_ADDR", "http://127.0.0.1:8200"),
             vault_token=Secret(required(env, "VAULT_TOKEN")),
             redis_url=redis_url_setting(env, "VALETKEY_REDIS_URL", "redis://127.0.0.1:6379/0"),
             policy_dir=directory(env, "VALETKEY_POLICY_DIR", SHIPPED_POLICY_DIR),

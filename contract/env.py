@@ -42,6 +42,13 @@ def url_setting(
     return checked_url(key, env.get(key, default), schemes)
 
 
+def url_list_setting(env: Mapping[str, str], key: str, default: str) -> str:
+    """One or more http(s) URLs, comma-separated (e.g. every node of a Vault cluster); each is
+    checked; returned joined by commas without trailing slashes."""
+    items = [item.strip() for item in env.get(key, default).split(",")]
+    return ",".join(checked_url(key, item) for item in items)
+
+
 def redis_url_setting(env: Mapping[str, str], key: str, default: str) -> str:
     """A Redis URL valetkey can use (``contract/redis_url.py``: one server or Sentinel)."""
     value = env.get(key, default)

@@ -41,14 +41,20 @@ class VaultClient:
         transport: httpx.AsyncBaseTransport | None = None,
         max_connections: int = 100,
     ) -> None:
-        self.addr = addr.rstrip("/")
+        # several nodes of one cluster, comma-separated: a standby forwards to the active node, so
+        # any live node will do; one that does not answer (or has no leader yet) is skipped
+        self._addrs = [a.strip().rstrip("/") for a in addr.split(",") if a.strip()]
+        self._current = 0
         self._token = token
         limits = httpx.Limits(max_connections=max_connections,
                               max_keepalive_connections=max_connections)
-        self._http = httpx.AsyncClient(
-            base_url=f"{self.addr}/v1/", timeout=timeout, transport=transport, limits=limits
-        )
+        self._http = httpx.AsyncClient(timeout=timeout, transport=transport, limits=limits)
         self.calls = 0  # requests made; tests use it to prove the hot path makes none
+
+    @property
+    def addr(self) -> str:
+        """The node in use (the first that answered)."""
+        return self._addrs[self._current]
 
     def __repr__(self) -> str:
         return f"VaultClient(addr={self.addr!r})"
@@ -62,18 +68,19 @@ class VaultClient:
     async def _request(self, method: str, path: str, json: Any = None) -> httpx.Response:
         self.calls += 1
         headers = {"X-Vault-Token": self._token.reveal(), "X-Vault-Request": "true"}
-        try:
-            response = await self._http.request(method, path, json=json, headers=headers)
-        except httpx.HTTPError as exc:
-            raise Unavailable(
-                f"vault unreachable at {self.addr}: {type(exc).__name__}",
-                Reason.VAULT_UNAVAILABLE,
-            ) from None
-        if response.status_code >= 500:
-            raise Unavailable(
-                f"vault error {response.status_code} on {path}", Reason.VAULT_UNAVAILABLE
-            )
-        return response
+        failure = ""
+        for _ in self._addrs:  # each node at most once, starting with the one that last answered
+            addr = self.addr
+            try:
+                response = await self._http.request(method, f"{addr}/v1/{path}", json=json, headers=headers)
+            except httpx.HTTPError as exc:
+                failure = f"vault unreachable at {addr}: {type(exc).__name__}"
+            else:
+                if response.status_code < 500:
+                    return response
+                failure = f"vault error {response.status_code} on {path}"
+            self._current = (self._current + 1) % len(self._addrs)
+        raise Unavailable(failure, Reason.VAULT_UNAVAILABLE)
 
     async def _data(self, method: str, path: str, json: Any = None) -> dict[str, Any]:
         response = await self._request(method, path, json)
@@ -92,7 +99,7 @@ class VaultClient:
             response = await self._request("GET", "sys/health")
         except Unavailable:
             return False
-        return response.status_code == 200
+        return response.status_code in (200, 429)  # 429: a standby, which forwards to the active node
 
     async def token_valid(self) -> bool:
         """Is our own token still accepted? (readiness: an expired broker token fails closed)."""

@@ -16,6 +16,7 @@ from contract.env import (
     int_setting,
     listen,
     redis_url_setting,
+    url_list_setting,
     url_setting,
 )
 from contract.secret import Secret
@@ -81,7 +82,7 @@ class GatewaySettings:
         broker_url = url_setting(env, "VALETKEY_BROKER_URL", "http://127.0.0.1:8400")
         return cls(
             upstream=upstream,
-            vault_addr=url_setting(env, "VAULT_ADDR", "http://127.0.0.1:8200"),
+            vault_addr=url_list_setting(env, "VAULT_ADDR", "http://127.0.0.1:8200"),
             vault_token=Secret(token) if token else None,
             approle_role_id=role_id,
             approle_secret_id=secret_id,
