@@ -33,10 +33,19 @@ class HAStack:
     redis_url: str
     brokers: list[ThreadedServer] = field(default_factory=list)
     gateways: list[ThreadedServer] = field(default_factory=list)
+    vault_addr: str = ""  # VAULT_ADDR for the replicas (several nodes of a cluster); default the stack's
+    _runtime_token: str = ""
+
+    @property
+    def runtime_token(self) -> str:
+        """One token of the runtime ``tester`` (taken once: Vault may be failing over later)."""
+        if not self._runtime_token:
+            self._runtime_token = self.base.vault.runtime_token("tester")
+        return self._runtime_token
 
     def start_broker(self) -> ThreadedServer:
         settings = BrokerSettings.from_env({
-            "VAULT_ADDR": self.base.vault.addr, "VAULT_TOKEN": self.base.vault.broker_token,
+            "VAULT_ADDR": self.vault_addr or self.base.vault.addr, "VAULT_TOKEN": self.base.vault.broker_token,
             "VALETKEY_REDIS_URL": self.redis_url, "VALETKEY_POLICY_DIR": str(Path(".")),
             "VALETKEY_ISSUER": ISSUER,
         })
@@ -47,6 +56,8 @@ class HAStack:
     def start_gateway(self, **extra: str) -> ThreadedServer:
         stack = Stack(self.base.vault, self.base.policies, self.brokers[0].url, self.redis_url,
                       self.base.upstreams, self.base.ca_file)
+        if self.vault_addr:
+            extra = {"VAULT_ADDR": self.vault_addr, **extra}
         app = GatewayApp(gateway_settings(stack, UPSTREAM, **extra), self.base.policies.upstreams[UPSTREAM],
                          resolver=loopback_resolver)
         server = ThreadedServer(app, http=GatewayProtocol).start()
@@ -69,7 +80,7 @@ class HAStack:
                   upstream: str = UPSTREAM) -> httpx.Response:
         grants = [{"upstream": upstream, "purpose": p} for p in purposes]
         return httpx.post(f"{self.brokers[broker].url}/v1/runs", json={"grants": grants, "ttl": ttl},
-                          headers={"X-Vault-Token": self.base.vault.runtime_token("tester")}, timeout=10)
+                          headers={"X-Vault-Token": self.runtime_token}, timeout=10)
 
     def revoke(self, scope: str, name: str, broker: int = 0) -> httpx.Response:
         return httpx.post(f"{self.brokers[broker].url}/v1/revocations",
