@@ -15,7 +15,7 @@ Accepted URLs (``VALETKEY_REDIS_URL``, ``--redis``):
 * ``redis+cluster://`` is refused: the revocation write (``HSET`` + ``PUBLISH`` in one ``MULTI``) and
   the reaper's compare-and-replace script are not supported by redis-py's async cluster pipeline,
   and the generation marker and the revocation hash live in different slots. See
-  docs/operations.md (High availability).
+  docs/operations.md (16. High availability).
 
 Nothing here prints a URL: it may carry a password.
 """
