@@ -57,9 +57,14 @@ def broker_serve(log_level: str) -> None:
 def vault_token_refused(addr: str, token: str) -> str:
     """Why the broker must not start with this VAULT_TOKEN, or "" (also when Vault is unreachable:
     then the broker starts and /readyz reports it until Vault answers)."""
-    try:
-        answer = httpx.get(f"{addr}/v1/auth/token/lookup-self", headers={"X-Vault-Token": token}, timeout=5)
-    except httpx.TransportError:
+    for node in addr.split(","):  # VAULT_ADDR may list every node of a cluster: the first that answers
+        try:
+            answer = httpx.get(f"{node}/v1/auth/token/lookup-self", headers={"X-Vault-Token": token},
+                               timeout=5)
+        except httpx.TransportError:
+            continue
+        break
+    else:
         return ""
     if answer.status_code in (401, 403):
         return (f"Vault at {addr} refused the broker's VAULT_TOKEN ({answer.status_code}): give the broker "

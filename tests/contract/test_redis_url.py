@@ -11,7 +11,7 @@ from redis.exceptions import RedisError
 
 from contract import redis_url
 from contract.env import SettingsError, redis_url_setting
-from tests.support.redis_ha import SentinelTopology
+from valetkey.dev.sentinel import SentinelTopology
 
 
 @pytest.mark.parametrize(("url", "problem"), [

@@ -14,7 +14,7 @@ import pytest
 from contract.redis_url import sync_client
 from tests.support.gateway_stack import Stack
 from tests.support.ha_stack import HAStack, Traffic, call
-from tests.support.redis_ha import SentinelTopology
+from valetkey.dev.sentinel import SentinelTopology
 
 # while the primary is gone: served from memory for at most VALETKEY_REVOCATION_MAX_STALE, then
 # refused; budgeted and Redis-bound work refused at once

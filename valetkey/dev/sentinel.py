@@ -1,4 +1,5 @@
-"""A real Redis Sentinel topology on loopback: one primary, one replica, three sentinels.
+"""A real Redis Sentinel topology on loopback (tests, ``valetkey dev --ha``): one primary, one
+replica, three sentinels.
 
 All five are the ``redis-server`` binary the suite already finds (``find_redis_server``); the
 sentinels run it with ``--sentinel``. ``url`` is the ``redis+sentinel://`` URL valetkey takes.
@@ -65,7 +66,7 @@ class SentinelNode(LocalService):
     def probe(self) -> str | None:
         try:
             with redis.Redis(host=LOOPBACK, port=self.port, socket_timeout=2.0) as client:
-                client.sentinel_master(SERVICE)  # type: ignore[no-untyped-call]
+                client.sentinel_master(SERVICE)
         except redis.RedisError as exc:
             return f"{type(exc).__name__}: {exc}"
         return None
@@ -73,7 +74,7 @@ class SentinelNode(LocalService):
     def primary(self) -> int | None:
         try:
             with redis.Redis(host=LOOPBACK, port=self.port, socket_timeout=1.0) as client:
-                answer = client.sentinel_get_master_addr_by_name(SERVICE)  # type: ignore[no-untyped-call]
+                answer = client.sentinel_get_master_addr_by_name(SERVICE)
         except redis.RedisError:
             return None
         return int(answer[1]) if answer else None
@@ -136,7 +137,8 @@ class SentinelTopology:
     def wait_promoted(self, old: int, timeout: float = 30.0) -> int:
         self._wait(lambda: self.primary_port() not in (None, old), "a replica to be promoted", timeout)
         port = self.primary_port()
-        assert port is not None
+        if port is None:
+            raise ServiceError("the sentinels lost the promoted primary again", Reason.REDIS_UNAVAILABLE)
         return port
 
     def restart(self, port: int) -> None:
@@ -145,12 +147,12 @@ class SentinelTopology:
 
     def _replica_synced(self, replica: DataNode) -> bool:
         with redis.Redis(host=LOOPBACK, port=replica.port, socket_timeout=1.0) as client:
-            return client.info("replication").get("master_link_status") == "up"
+            return bool(client.info("replication").get("master_link_status") == "up")
 
     def _sentinels_agree(self) -> bool:
         for sentinel in self.sentinels:
             with redis.Redis(host=LOOPBACK, port=sentinel.port, socket_timeout=1.0) as client:
-                state = client.sentinel_master(SERVICE)  # type: ignore[no-untyped-call]
+                state = client.sentinel_master(SERVICE)
             if int(state.get("num-other-sentinels", 0)) < 2 or int(state.get("num-slaves", 0)) < 1:
                 return False
         return True
