@@ -18,7 +18,6 @@ from contract.env import (
     redis_url_setting,
     required,
     url_list_setting,
-    url_setting,
 )
 from contract.secret import Secret
 from policies.load import SHIPPED_POLICY_DIR

@@ -145,7 +145,8 @@ class Gateway:
                                   max_connections=settings.upstream_max_connections,
                                   ca_file=settings.upstream_ca_file),
             audit=audit, metrics=metrics, http=http, revocations=revocations,
-            budgets=Budgets(redis, upstream, since=revocations.generation_since), slots=RunSlots(upstream.run_limits.concurrent),
+            budgets=Budgets(redis, upstream, since=revocations.generation_since),
+            slots=RunSlots(upstream.run_limits.concurrent),
             detectors=detectors, webhook=webhook,
         )
 
