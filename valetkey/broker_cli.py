@@ -172,7 +172,8 @@ def vault_addr() -> str:
     from valetkey.dev.state import find_running
 
     dev = find_running()
-    return os.environ.get("VAULT_ADDR") or (dev.vault_addr if dev else "")
+    # a list of cluster nodes (as the broker and gateways take): the first; a standby forwards
+    return (os.environ.get("VAULT_ADDR") or (dev.vault_addr if dev else "")).split(",")[0].strip()
 
 
 def vault_failure(action: str, exc: Exception) -> str:

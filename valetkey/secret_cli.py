@@ -48,7 +48,7 @@ def secret_put(upstream: str, policy_dir: Path | None, vault_addr: str | None) -
     up = policies.upstreams.get(upstream)
     if up is None:
         fail(f"no upstream {upstream!r} in {directory}; upstreams: {', '.join(sorted(policies.upstreams))}")
-    addr = vault_addr or (dev.vault_addr if dev else "")
+    addr = (vault_addr or (dev.vault_addr if dev else "")).split(",")[0].strip()  # a cluster: the first
     token = os.environ.get("VAULT_TOKEN", "")
     if not token and dev is not None:
         token = (state_dir() / ROOT_TOKEN_FILE).read_text().strip()
