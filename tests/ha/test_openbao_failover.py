@@ -79,3 +79,30 @@ def test_leader_killed_under_traffic(ha: HAStack) -> None:
     print(f"OpenBao leader killed: mints resumed after {resumed_at - killed_at:.1f}s, {len(refused)} "
           f"mints refused (vault_unavailable) meanwhile; {len(traffic.of('live'))} gateway requests, "
           "all served")
+
+    # quorum lost (one node of three left): what a standby can serve alone (token lookups, transit
+    # signing: reads) goes on; then no node at all: mints pause (vault_unavailable), gateways serve;
+    # two nodes back: mints resume. Never another error, never a different signing key.
+    with Traffic(ha, {"live": live}) as traffic:
+        cluster.kill(new)
+        alone = [ha.post_mint(["read_items"]) for _ in range(5)]
+        last = next(i for i in range(3) if i not in (old, new))
+        cluster.kill(last)
+        down_at = time.monotonic()
+        paused = [ha.post_mint(["read_items"]) for _ in range(5)]
+        cluster.restart(old)
+        cluster.restart(new)
+        back_at = time.monotonic()
+        while ha.post_mint(["read_items"]).status_code != 201:
+            assert time.monotonic() - back_at < 60, "mints did not resume once two nodes were back"
+            time.sleep(0.2)
+        resumed = time.monotonic() - back_at
+    outcomes = {(r.status_code, r.json().get("error", "")) for r in alone}
+    assert outcomes <= {(201, ""), (503, "vault_unavailable")}
+    assert {(r.status_code, r.json()["error"]) for r in paused} == {(503, "vault_unavailable")}
+    assert {(a.status, a.reason) for a in traffic.of("live")} == {(200, "")}
+    assert jwks(ha) == keys_before
+    print(f"OpenBao without quorum: {sum(r.status_code == 201 for r in alone)} of 5 mints served by the "
+          f"last standby; every node down for {back_at - down_at:.1f}s: 5 of 5 mints refused "
+          f"(vault_unavailable); mints resumed {resumed:.1f}s after two nodes were back (unsealed); "
+          f"{len(traffic.of('live'))} gateway requests, all served")
