@@ -8,8 +8,11 @@ record, ``secret/valetkey/revocations/<field>`` (``{"record": <the JSON record>}
   down the next sync saves it).
 * Every ``SYNC_EVERY`` seconds each record in the Redis hash that differs from what this broker
   last saved is saved: those written by gateways (an alert's auto-revoke, a run ending itself) and
-  by the CLI's break-glass. A record is deleted from Vault once it has expired; never because
-  Redis no longer has it (that is the loss this copy is for).
+  by the CLI's break-glass. A saved record Redis no longer has is written back (``HSETNX``): a
+  failover to a replica that missed the last writes loses no revocation the broker made, even for
+  replicas started after it. A record is deleted from Vault once it has expired, or once its
+  runtime or upstream has been out of policy for ``UNKNOWN_GRACE`` (as the reaper does in Redis);
+  never because Redis no longer has it (that is the loss this copy is for).
 * Every ``CHECK_EVERY`` seconds the generation marker (``contract/generation.py``) is read. When it
   is missing, every unexpired record in Vault is written back into the hash where the field is
   empty (``HSETNX``: never over a newer record) and announced, and only then a new generation is
@@ -25,13 +28,22 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from contract import generation
 from contract.errors import ValetkeyError
-from contract.revocations import HASH, Revocation, RevocationStore, expired, scope_of
+from contract.revocations import (
+    HASH,
+    UNKNOWN_GRACE,
+    Revocation,
+    RevocationStore,
+    Scope,
+    expired,
+    scope_of,
+)
 from contract.tasks import stop_task
 from contract.vault import VaultClient
 
@@ -45,9 +57,10 @@ START_TIMEOUT = 10.0
 
 class RevocationKeeper:
     def __init__(self, client: aioredis.Redis, vault: VaultClient, *, check_every: float = CHECK_EVERY,
-                 sync_every: float = SYNC_EVERY) -> None:
+                 sync_every: float = SYNC_EVERY, known: Callable[[Scope, str], bool] | None = None) -> None:
         self._redis = client
         self._vault = vault
+        self._known = known  # is a runtime or upstream in policy (None: keep every record)
         self._check_every = check_every
         self._sync_every = sync_every
         self._saved: dict[str, str] = {}  # field → the record JSON this broker knows Vault holds
@@ -100,12 +113,27 @@ class RevocationKeeper:
             await self._put(field, text)
             saves += 1
         now = time.time()
+        present = {_text(key) for key in raw}
+        missing: dict[str, str] = {}
         for field, text in list(self._saved.items()):
             record = _record(field, text)
-            if record is not None and expired(record, now):
+            if record is None:
+                continue
+            if expired(record, now) or self._out_of_policy(record, now):
                 await self._vault.kv_delete(MOUNT, f"{PREFIX}/{field}")
                 self._saved.pop(field, None)
+            elif field not in present:
+                missing[field] = text
+        if missing:
+            written = await RevocationStore(self._redis).restore(missing)
+            if written:
+                log.warning(json.dumps({"event": "revocations_rewritten", "records": written}))
         return saves
+
+    def _out_of_policy(self, record: Revocation, now: float) -> bool:
+        return (self._known is not None and record.scope in (Scope.RUNTIME, Scope.UPSTREAM)
+                and not self._known(record.scope, record.name)
+                and max(record.when, record.lifted_at) + UNKNOWN_GRACE < now)
 
     async def _put(self, field: str, text: str) -> None:
         await self._vault.kv_put(MOUNT, f"{PREFIX}/{field}", {"record": text})

@@ -21,7 +21,7 @@ from broker.runs import RunRegistry
 from broker.settings import BrokerSettings
 from broker.signer import TransitSigner
 from contract import redis_url
-from contract.revocations import RevocationStore
+from contract.revocations import RevocationStore, in_policy
 from contract.vault import VaultClient
 from policies.load import load_policy_dir
 from policies.model import PolicySet
@@ -61,7 +61,7 @@ class Services:
                 vault, policies, settings.admin_policy, settings.caller_cache_ttl
             ),
             revocations=RevocationStore(client, require_generation=True),
-            keeper=RevocationKeeper(client, vault),
+            keeper=RevocationKeeper(client, vault, known=in_policy(policies)),
         )
 
     async def aclose(self) -> None:
