@@ -115,7 +115,9 @@ def audit_refusals(redis_url: str, limit: int = 5000) -> str:
     """The gateway's own word on its non-200 answers: status and reason from the audit stream."""
     import redis
 
-    client = redis.Redis.from_url(redis_url)
+    from contract.redis_url import sync_client
+
+    client = sync_client(redis_url)
     try:
         entries = client.xrevrange("valetkey:audit", count=limit)
     except redis.RedisError as exc:

@@ -52,6 +52,7 @@ async def end_run_artifacts(svc: Services, record: RunRecord, who: str, why: str
     revocation = await revocation_events.revoke_and_record(
         svc.redis, new_revocation(Scope.RUN, record.run_id, who, why, run_expires=record.expires),
         svc.settings.audit_maxlen, runtime=record.runtime)
+    await svc.keeper.save(revocation)
     try:  # its requests waiting for a person end too (their gateways cut them on the revocation)
         await svc.approvals.cancel_run(record.run_id, who)
     except Unavailable as exc:
@@ -113,6 +114,7 @@ async def revoke_as(svc: Services, caller: Caller, scope: Scope, name: str, why:
         if record is None:  # unknown here (expired, or Redis lost it): revoke the id all the same
             revocation = await revocation_events.revoke_and_record(
                 svc.redis, new_revocation(scope, name, caller.name, why), svc.settings.audit_maxlen)
+            await svc.keeper.save(revocation)
         else:
             revocation = await end_run_artifacts(svc, record, caller.name, why)
             try:
@@ -123,6 +125,7 @@ async def revoke_as(svc: Services, caller: Caller, scope: Scope, name: str, why:
         _require_in_policy(svc, scope, name)
         revocation = await revocation_events.revoke_and_record(
             svc.redis, new_revocation(scope, name, caller.name, why), svc.settings.audit_maxlen)
+    await svc.keeper.save(revocation)  # the durable copy (broker/revocation_keeper.py)
     return revocation
 
 
@@ -140,6 +143,7 @@ async def lift(request: Request) -> Response:
     except Unavailable as exc:
         raise Unavailable(f"{exc.detail}: the lift was NOT recorded; the revocation still stands",
                           exc.reason, recorded=False) from None
+    await svc.keeper.save(revocation)
     await record_event(svc, revocation, "lift")
     return JSONResponse({**view(revocation), "recorded": True})
 

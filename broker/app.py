@@ -176,6 +176,7 @@ def create_app(settings: BrokerSettings, policies: PolicySet | None = None) -> S
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         svc = Services.build(settings, policies)
         app.state.services = svc
+        await svc.keeper.start()  # the revocations are back in Redis before the first mint
         reaper = Reaper(svc)
         await reaper.start()
         if svc.proxy_trust is not None:
@@ -186,6 +187,7 @@ def create_app(settings: BrokerSettings, policies: PolicySet | None = None) -> S
             if svc.proxy_trust is not None:
                 await svc.proxy_trust.stop()
             await reaper.stop()
+            await svc.keeper.stop()
             await svc.aclose()
 
     routes = [

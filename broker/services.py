@@ -17,12 +17,14 @@ from starlette.requests import Request
 
 from broker.callers import Caller, CallerAuthenticator
 from broker.proxy_trust import ProxyTrust
+from broker.revocation_keeper import RevocationKeeper
 from broker.runs import RunRegistry
 from broker.settings import BrokerSettings
 from broker.signer import TransitSigner
+from contract import redis_url
 from contract.approvals import ApprovalStore
 from contract.env import SettingsError
-from contract.revocations import RevocationStore
+from contract.revocations import RevocationStore, in_policy
 from contract.vault import VaultClient
 from policies.load import load_policy_dir
 from policies.model import PolicySet
@@ -42,6 +44,7 @@ class Services:
     callers: CallerAuthenticator
     revocations: RevocationStore
     approvals: ApprovalStore
+    keeper: RevocationKeeper
     proxy_trust: ProxyTrust | None = None  # the bundle's CA file, when a proxy is configured
 
     @classmethod
@@ -54,11 +57,8 @@ class Services:
                             max_connections=settings.vault_max_connections)
         # redis-py's default pool fails a call at once beyond 100 connections ("Too many
         # connections": 503 for every mint past the hundredth of a burst); this one waits
-        pool = aioredis.BlockingConnectionPool.from_url(
-            settings.redis_url, max_connections=settings.redis_max_connections, timeout=REDIS_POOL_WAIT,
-            socket_timeout=2.0, socket_connect_timeout=2.0,
-        )
-        client = aioredis.Redis.from_pool(pool)
+        client = redis_url.async_client(settings.redis_url, max_connections=settings.redis_max_connections,
+                                        pool_timeout=REDIS_POOL_WAIT)
         return cls(
             settings=settings, policies=policies, vault=vault, redis=client,
             runs=RunRegistry(client),
@@ -68,7 +68,8 @@ class Services:
             callers=CallerAuthenticator(
                 vault, policies, settings.admin_policy, settings.caller_cache_ttl
             ),
-            revocations=RevocationStore(client), approvals=ApprovalStore(client),
+            revocations=RevocationStore(client, require_generation=True), approvals=ApprovalStore(client),
+            keeper=RevocationKeeper(client, vault, known=in_policy(policies)),
             proxy_trust=ProxyTrust(vault, settings.proxy) if settings.proxy.enabled else None,
         )
 

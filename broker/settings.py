@@ -10,15 +10,15 @@ from types import MappingProxyType
 
 from broker.proxy_settings import ProxySettings
 from contract.env import (
-    REDIS_SCHEMES,
     SettingsError,
     checked_url,
     directory,
     duration,
     int_setting,
     listen,
+    redis_url_setting,
     required,
-    url_setting,
+    url_list_setting,
 )
 from contract.secret import Secret
 from policies.load import SHIPPED_POLICY_DIR
@@ -64,9 +64,9 @@ class BrokerSettings:
         host, port = listen("VALETKEY_LISTEN", address)
         issuer = env.get("VALETKEY_ISSUER", f"http://{address}")
         return cls(
-            vault_addr=url_setting(env, "VAULT_ADDR", "http://127.0.0.1:8200"),
+            vault_addr=url_list_setting(env, "VAULT_ADDR", "http://127.0.0.1:8200"),
             vault_token=Secret(required(env, "VAULT_TOKEN")),
-            redis_url=url_setting(env, "VALETKEY_REDIS_URL", "redis://127.0.0.1:6379/0", REDIS_SCHEMES),
+            redis_url=redis_url_setting(env, "VALETKEY_REDIS_URL", "redis://127.0.0.1:6379/0"),
             policy_dir=directory(env, "VALETKEY_POLICY_DIR", SHIPPED_POLICY_DIR),
             issuer=checked_url("VALETKEY_ISSUER", issuer),
             host=host,

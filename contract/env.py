@@ -10,9 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from contract import redis_url
 from policies.units import parse_duration
-
-REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
 class SettingsError(ValueError):
@@ -41,6 +40,22 @@ def url_setting(
     env: Mapping[str, str], key: str, default: str, schemes: tuple[str, ...] = ("http", "https")
 ) -> str:
     return checked_url(key, env.get(key, default), schemes)
+
+
+def url_list_setting(env: Mapping[str, str], key: str, default: str) -> str:
+    """One or more http(s) URLs, comma-separated (e.g. every node of a Vault cluster); each is
+    checked; returned joined by commas without trailing slashes."""
+    items = [item.strip() for item in env.get(key, default).split(",")]
+    return ",".join(checked_url(key, item) for item in items)
+
+
+def redis_url_setting(env: Mapping[str, str], key: str, default: str) -> str:
+    """A Redis URL valetkey can use (``contract/redis_url.py``: one server or Sentinel)."""
+    value = env.get(key, default)
+    try:
+        return redis_url.check(value).rstrip("/")
+    except redis_url.RedisUrlError as exc:
+        raise SettingsError(f"{key}: {exc}") from None
 
 
 def directory(env: Mapping[str, str], key: str, default: Path) -> Path:

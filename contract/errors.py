@@ -67,6 +67,7 @@ class Reason(StrEnum):
     UNKNOWN_REVOCATION_TARGET = "unknown_revocation_target"  # a runtime or upstream not in policy
     REVOCATION_STATE_STALE = "revocation_state_stale"
     BUDGET_EXCEEDED = "budget_exceeded"
+    BUDGET_STATE_LOST = "budget_state_lost"  # contract/generation.py: the run outlived a Redis data loss
     RUN_CONCURRENCY_EXCEEDED = "run_concurrency_exceeded"  # gateways/runslots.py
     # approvals (contract/approvals.py, gateways/approval_step.py, broker/approvals.py)
     APPROVAL_DENIED = "approval_denied"  # a person said no to this request

@@ -36,6 +36,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from contract import generation
 from contract.claims import MAX_LEEWAY, AccessClaims
 from contract.errors import BadRequest, NotFound, Reason, TokenInvalid, Unavailable
 from policies.model import PolicySet
@@ -58,6 +59,15 @@ if ARGV[3] == '' then redis.call('HDEL', KEYS[1], ARGV[1]) return 1 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
 redis.call('PUBLISH', ARGV[4], ARGV[3])
 return 1
+"""
+
+# KEYS[1] the hash; ARGV: field, record, channel. Writes and announces only an empty field.
+_RESTORE = """
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then
+  redis.call('PUBLISH', ARGV[3], ARGV[2])
+  return 1
+end
+return 0
 """
 
 
@@ -181,7 +191,7 @@ class RevocationSet:
 
     def forget_expired(self, now: float) -> None:
         for key, record in list(self._records.items()):
-            if _expired(record, now):
+            if expired(record, now):
                 del self._records[key]
 
     def find(self, claims: AccessClaims, target: str = "") -> Revocation | None:
@@ -216,7 +226,7 @@ class RevocationSet:
         return None
 
 
-def _expired(record: Revocation, now: float) -> bool:
+def expired(record: Revocation, now: float) -> bool:
     if record.scope is Scope.RUN:
         # a verifier accepts the run's tokens until exp + its leeway: keep the record that long
         return record.expires + MAX_LEEWAY < now
@@ -233,8 +243,11 @@ async def _redis(call: Callable[[], Any]) -> Any:
 class RevocationStore:
     """Reads and writes the truth in Redis and announces every change."""
 
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(self, client: aioredis.Redis, *, require_generation: bool = False) -> None:
         self._redis = client
+        # the broker's store: no generation marker means Redis lost the revocations and no broker
+        # restored them yet (contract/generation.py), so nothing may be minted on what it says
+        self._require_generation = require_generation
 
     async def load(self) -> dict[str, Revocation]:
         raw: dict[bytes, bytes] = await _redis(lambda: self._redis.hgetall(HASH))
@@ -259,6 +272,16 @@ class RevocationStore:
             await _redis(pipe.execute)
         return record
 
+    async def restore(self, records: Mapping[str, str]) -> int:
+        """Write back records (field → JSON) where the field is empty, announcing each; never over
+        a record Redis holds (it may be newer). Returns how many were written."""
+        script = self._redis.register_script(_RESTORE)
+        written = 0
+        for field, raw in records.items():
+            args = [field, raw, CHANNEL]
+            written += int(await _redis(lambda: script(keys=[HASH], args=args)))  # noqa: B023 - awaited now
+        return written
+
     async def get(self, key: str) -> Revocation | None:
         raw = await _redis(lambda: self._redis.hget(HASH, key))
         return None if raw is None else self._parse(key, raw)
@@ -266,7 +289,13 @@ class RevocationStore:
     async def blocking(self, runtime: str, upstreams: Iterable[str]) -> Revocation | None:
         """The standing block (if any) that forbids minting: reads only the keys concerned."""
         keys = ["all", key_of(Scope.RUNTIME, runtime), *(key_of(Scope.UPSTREAM, u) for u in upstreams)]
-        values = await _redis(lambda: self._redis.hmget(HASH, keys))
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hmget(HASH, keys)
+            pipe.get(generation.KEY)
+            values, marker = await _redis(pipe.execute)
+        if self._require_generation and generation.parse(marker) is None:
+            raise Unavailable("the revocation state in Redis was lost and is not restored yet",
+                              Reason.REVOCATION_STATE_STALE)
         records = [self._parse(k, v) for k, v in zip(keys, values, strict=True) if v is not None]
         return RevocationSet(r for r in records if r is not None).blocking(runtime, upstreams)
 
@@ -335,7 +364,7 @@ def _purge_decision(field: str, value: bytes, known: Callable[[Scope, str], bool
         record = None
     if record is None or record.key != field:
         return "rewritten", block.to_json()
-    if _expired(record, now):
+    if expired(record, now):
         return "expired", ""
     if (known is not None and record.scope in (Scope.RUNTIME, Scope.UPSTREAM)
             and not known(record.scope, record.name)

@@ -41,14 +41,20 @@ class VaultClient:
         transport: httpx.AsyncBaseTransport | None = None,
         max_connections: int = 100,
     ) -> None:
-        self.addr = addr.rstrip("/")
+        # several nodes of one cluster, comma-separated: a standby forwards to the active node, so
+        # any live node will do; one that does not answer (or has no leader yet) is skipped
+        self._addrs = [a.strip().rstrip("/") for a in addr.split(",") if a.strip()]
+        self._current = 0
         self._token = token
         limits = httpx.Limits(max_connections=max_connections,
                               max_keepalive_connections=max_connections)
-        self._http = httpx.AsyncClient(
-            base_url=f"{self.addr}/v1/", timeout=timeout, transport=transport, limits=limits
-        )
+        self._http = httpx.AsyncClient(timeout=timeout, transport=transport, limits=limits)
         self.calls = 0  # requests made; tests use it to prove the hot path makes none
+
+    @property
+    def addr(self) -> str:
+        """The node in use (the first that answered)."""
+        return self._addrs[self._current]
 
     def __repr__(self) -> str:
         return f"VaultClient(addr={self.addr!r})"
@@ -62,18 +68,19 @@ class VaultClient:
     async def _request(self, method: str, path: str, json: Any = None) -> httpx.Response:
         self.calls += 1
         headers = {"X-Vault-Token": self._token.reveal(), "X-Vault-Request": "true"}
-        try:
-            response = await self._http.request(method, path, json=json, headers=headers)
-        except httpx.HTTPError as exc:
-            raise Unavailable(
-                f"vault unreachable at {self.addr}: {type(exc).__name__}",
-                Reason.VAULT_UNAVAILABLE,
-            ) from None
-        if response.status_code >= 500:
-            raise Unavailable(
-                f"vault error {response.status_code} on {path}", Reason.VAULT_UNAVAILABLE
-            )
-        return response
+        failure = ""
+        for _ in self._addrs:  # each node at most once, starting with the one that last answered
+            addr = self.addr
+            try:
+                response = await self._http.request(method, f"{addr}/v1/{path}", json=json, headers=headers)
+            except httpx.HTTPError as exc:
+                failure = f"vault unreachable at {addr}: {type(exc).__name__}"
+            else:
+                if response.status_code < 500:
+                    return response
+                failure = f"vault error {response.status_code} on {path}"
+            self._current = (self._current + 1) % len(self._addrs)
+        raise Unavailable(failure, Reason.VAULT_UNAVAILABLE)
 
     async def _data(self, method: str, path: str, json: Any = None) -> dict[str, Any]:
         response = await self._request(method, path, json)
@@ -92,7 +99,7 @@ class VaultClient:
             response = await self._request("GET", "sys/health")
         except Unavailable:
             return False
-        return response.status_code == 200
+        return response.status_code in (200, 429)  # 429: a standby, which forwards to the active node
 
     async def token_valid(self) -> bool:
         """Is our own token still accepted? (readiness: an expired broker token fails closed)."""
@@ -222,6 +229,42 @@ class VaultClient:
         if response.status_code not in (200, 204):
             raise UpstreamError(f"vault refused writing {ref.api_path} with {response.status_code}",
                                 Reason.VAULT_UNAVAILABLE)
+
+    async def kv_put(self, mount: str, path: str, data: dict[str, str]) -> None:
+        """Write a KV v2 entry (valetkey's own records, e.g. the durable revocations)."""
+        response = await self._request("POST", f"{mount}/data/{path}", {"data": data})
+        if response.status_code not in (200, 204):
+            raise UpstreamError(f"vault refused writing {mount}/data/{path} with {response.status_code}",
+                                Reason.VAULT_UNAVAILABLE)
+
+    async def kv_get(self, mount: str, path: str) -> dict[str, Any] | None:
+        """A KV v2 entry's data; None when there is none (or it was deleted)."""
+        response = await self._request("GET", f"{mount}/data/{path}")
+        if response.status_code == 404:
+            return None
+        data = await self._data_of(response, f"{mount}/data/{path}")
+        inner = data.get("data")
+        return inner if isinstance(inner, dict) else None
+
+    async def kv_list(self, mount: str, path: str) -> list[str]:
+        response = await self._request("LIST", f"{mount}/metadata/{path}")
+        if response.status_code == 404:
+            return []
+        keys = (await self._data_of(response, f"{mount}/metadata/{path}")).get("keys")
+        return [k for k in keys if isinstance(k, str)] if isinstance(keys, list) else []
+
+    async def kv_delete(self, mount: str, path: str) -> None:
+        """Delete every version of an entry."""
+        response = await self._request("DELETE", f"{mount}/metadata/{path}")
+        if response.status_code not in (200, 204, 404):
+            raise UpstreamError(f"vault refused deleting {mount}/metadata/{path} with "
+                                f"{response.status_code}", Reason.VAULT_UNAVAILABLE)
+
+    async def _data_of(self, response: httpx.Response, path: str) -> dict[str, Any]:
+        if response.status_code != 200:
+            raise UpstreamError(f"vault refused {path} with {response.status_code}", Reason.VAULT_UNAVAILABLE)
+        data = _json(response).get("data")
+        return data if isinstance(data, dict) else {}
 
     async def approle_login(self, role_id: str, secret_id: Secret) -> tuple[Secret, int]:
         """Log in with AppRole; returns the client token and its lease in seconds."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import math
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -114,9 +115,11 @@ class ScriptBatch:
 
 
 class Budgets:
-    def __init__(self, client: aioredis.Redis, upstream: Upstream) -> None:
+    def __init__(self, client: aioredis.Redis, upstream: Upstream,
+                 since: Callable[[], float | None] = lambda: 0.0) -> None:
         self._redis = client
         self._upstream = upstream
+        self._since = since  # when the current generation of Redis data began (contract/generation.py)
         self._script = ScriptBatch(client, _SCRIPT)
 
     def applies(self, purpose: Purpose) -> bool:
@@ -127,6 +130,11 @@ class Budgets:
         """Take one request from the run's budgets, or raise 429 with Retry-After."""
         if not self.applies(purpose):
             return
+        since = self._since()
+        if since is None or claims.iat < int(since):
+            # its counts went with the lost data: refusing is the only answer that cannot overspend
+            raise Unavailable("this run's budget counts were lost with Redis's data; mint a new run",
+                              Reason.BUDGET_STATE_LOST)
         rate = purpose.limits.rate
         run = f"{PREFIX}{{{claims.sub}:{self._upstream.name}}}"  # one hash slot per run (Redis Cluster)
         ttl = max(1, claims.exp - int(now) + 60)

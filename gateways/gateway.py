@@ -18,6 +18,7 @@ import httpx
 import redis.asyncio as aioredis
 from prometheus_client import start_http_server
 
+from contract import redis_url
 from contract.jwks import KeyCache, http_fetcher
 from contract.secret import Secret
 from contract.vault import VaultClient
@@ -136,9 +137,8 @@ class Gateway:
         vault = VaultClient(settings.vault_addr, settings.vault_token or Secret(""))
         # one pool for budgets, audit, alerts and revocations, sized on purpose: a request waits
         # up to REDIS_POOL_WAIT for a free connection rather than failing at redis-py's cap
-        redis = aioredis.Redis.from_pool(aioredis.BlockingConnectionPool.from_url(
-            settings.redis_url, max_connections=settings.redis_max_connections, timeout=REDIS_POOL_WAIT,
-            socket_timeout=2.0))
+        redis = redis_url.async_client(settings.redis_url, max_connections=settings.redis_max_connections,
+                                       pool_timeout=REDIS_POOL_WAIT)
         broker_tls: ssl.SSLContext | bool = (
             ssl.create_default_context(cafile=settings.broker_ca_file) if settings.broker_ca_file else True
         )
@@ -147,7 +147,8 @@ class Gateway:
                         max_age=settings.jwks_max_age, max_stale=settings.jwks_max_stale)
         metrics = Metrics()
         policy = alerting or Alerting()
-        revocations = RevocationWatcher(redis, max_stale=settings.revocation_max_stale)
+        revocations = RevocationWatcher(redis, max_stale=settings.revocation_max_stale,
+                                        require_generation=True)
         # webhooks go to the on-call receiver: public CAs, not the broker's private CA
         webhook_url = settings.alert_webhook_url or policy.webhook_url
         webhook = WebhookSender(webhook_url, settings.alert_webhook_secret,
@@ -172,7 +173,8 @@ class Gateway:
                                   max_connections=settings.upstream_max_connections,
                                   ca_file=settings.upstream_ca_file),
             audit=audit, metrics=metrics, http=http, revocations=revocations,
-            budgets=Budgets(redis, upstream), slots=RunSlots(upstream.run_limits.concurrent),
+            budgets=Budgets(redis, upstream, since=revocations.generation_since),
+            slots=RunSlots(upstream.run_limits.concurrent),
             detectors=detectors, webhook=webhook,
             approvals=ApprovalWaiter(redis, settings.approval_max_held),
             enterprise=enterprise or Enterprise(),

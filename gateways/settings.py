@@ -9,13 +9,14 @@ from pathlib import Path
 
 from contract.claims import MAX_LEEWAY
 from contract.env import (
-    REDIS_SCHEMES,
     SettingsError,
     checked_url,
     directory,
     duration,
     int_setting,
     listen,
+    redis_url_setting,
+    url_list_setting,
     url_setting,
 )
 from contract.secret import Secret
@@ -84,11 +85,11 @@ class GatewaySettings:
         broker_url = url_setting(env, "VALETKEY_BROKER_URL", "http://127.0.0.1:8400")
         return cls(
             upstream=upstream,
-            vault_addr=url_setting(env, "VAULT_ADDR", "http://127.0.0.1:8200"),
+            vault_addr=url_list_setting(env, "VAULT_ADDR", "http://127.0.0.1:8200"),
             vault_token=Secret(token) if token else None,
             approle_role_id=role_id,
             approle_secret_id=secret_id,
-            redis_url=url_setting(env, "VALETKEY_REDIS_URL", "redis://127.0.0.1:6379/0", REDIS_SCHEMES),
+            redis_url=redis_url_setting(env, "VALETKEY_REDIS_URL", "redis://127.0.0.1:6379/0"),
             policy_dir=directory(env, "VALETKEY_POLICY_DIR", SHIPPED_POLICY_DIR),
             broker_url=broker_url,
             issuer=checked_url("VALETKEY_ISSUER", env.get("VALETKEY_ISSUER", broker_url)),

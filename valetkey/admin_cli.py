@@ -22,6 +22,7 @@ import redis.asyncio as aioredis
 from broker.runs import RunRegistry
 from contract import audit_stream
 from contract.errors import Unavailable, ValetkeyError
+from contract.redis_url import RedisUrlError, async_client, check
 from contract.revocation_events import record_event, revoke_and_record
 from contract.revocations import Revocation, RevocationStore, Scope, new_revocation
 from policies.units import parse_duration
@@ -131,6 +132,7 @@ def revoke_command(broker: str, run_id: str | None, runtime: str | None, upstrea
     if break_glass:
         if not redis_url:
             fail("--break-glass needs --redis URL (or VALETKEY_REDIS_URL)")
+        redis_url = _redis_url(redis_url)
         revocation = until_recorded(lambda: _break_glass(redis_url, Scope(scope), name, why, lift), what,
                                     wait=not no_wait)
         record = {"scope": revocation.scope.value, "name": revocation.name, "when": revocation.when,
@@ -169,7 +171,7 @@ def _break_glass(url: str, scope: Scope, name: str, why: str, lift: bool) -> Rev
     marks = {"break_glass": True, "os_user": user}
 
     async def write() -> Revocation:
-        client = aioredis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0)
+        client = async_client(url, socket_timeout=5.0, socket_connect_timeout=5.0)
         store = RevocationStore(client)
         try:
             if lift:
@@ -226,7 +228,10 @@ def _redis_url(explicit: str | None) -> str:
     from valetkey.dev.state import find_running
 
     if explicit:
-        return explicit
+        try:
+            return check(explicit)
+        except RedisUrlError as exc:
+            fail(f"--redis / VALETKEY_REDIS_URL: {exc}")
     dev = find_running()
     if dev is None:
         fail("no Redis given: set --redis URL or VALETKEY_REDIS_URL to the Redis that holds the audit "
@@ -235,7 +240,7 @@ def _redis_url(explicit: str | None) -> str:
 
 
 def _redis(url: str) -> aioredis.Redis:
-    return aioredis.Redis.from_url(url, socket_timeout=5.0)
+    return async_client(url, socket_timeout=5.0, socket_connect_timeout=5.0)
 
 
 filters = options(

@@ -58,9 +58,14 @@ def broker_serve(log_level: str) -> None:
 def vault_token_refused(addr: str, token: str) -> str:
     """Why the broker must not start with this VAULT_TOKEN, or "" (also when Vault is unreachable:
     then the broker starts and /readyz reports it until Vault answers)."""
-    try:
-        answer = httpx.get(f"{addr}/v1/auth/token/lookup-self", headers={"X-Vault-Token": token}, timeout=5)
-    except httpx.TransportError:
+    for node in addr.split(","):  # VAULT_ADDR may list every node of a cluster: the first that answers
+        try:
+            answer = httpx.get(f"{node}/v1/auth/token/lookup-self", headers={"X-Vault-Token": token},
+                               timeout=5)
+        except httpx.TransportError:
+            continue
+        break
+    else:
         return ""
     if answer.status_code in (401, 403):
         return (f"Vault at {addr} refused the broker's VAULT_TOKEN ({answer.status_code}): give the broker "
@@ -196,7 +201,8 @@ def vault_addr() -> str:
     from valetkey.dev.state import find_running
 
     dev = find_running()
-    return os.environ.get("VAULT_ADDR") or (dev.vault_addr if dev else "")
+    # a list of cluster nodes (as the broker and gateways take): the first; a standby forwards
+    return (os.environ.get("VAULT_ADDR") or (dev.vault_addr if dev else "")).split(",")[0].strip()
 
 
 def vault_failure(action: str, exc: Exception) -> str:

@@ -93,7 +93,8 @@ def vault_bootstrap(policy_dir: Path | None, hcl_dir: Path | None) -> None:
     directory = policy_dir or Path(
         os.environ.get("VALETKEY_POLICY_DIR") or Path(shipped.__file__).parent
     )
-    addr = os.environ.get("VAULT_ADDR", "")
+    # a list of cluster nodes (as the broker and gateways take): the first; a standby forwards
+    addr = os.environ.get("VAULT_ADDR", "").split(",")[0].strip()
     token = os.environ.get("VAULT_TOKEN", "")
     if not addr or not token:
         click.echo("error: set VAULT_ADDR and VAULT_TOKEN (an operator or root token)", err=True)

@@ -51,7 +51,7 @@ def secret_put(upstream: str, policy_dir: Path | None, vault_addr: str | None) -
     if up.secret is None:
         fail(f"{upstream} has a {up.credential_source.kind.value} credential source: its gateway issues "
              "credentials itself and reads no KV secret (docs/operations.md, credential sources)")
-    addr = vault_addr or (dev.vault_addr if dev else "")
+    addr = (vault_addr or (dev.vault_addr if dev else "")).split(",")[0].strip()  # a cluster: the first
     token = os.environ.get("VAULT_TOKEN", "")
     if not token and dev is not None:
         token = (state_dir() / ROOT_TOKEN_FILE).read_text().strip()

@@ -25,7 +25,7 @@ from gateways.app import GatewayApp
 from gateways.audit import AuditRecord, AuditSink, Metrics
 from gateways.server import GatewayProtocol
 from gateways.settings import GatewaySettings
-from tests.support.gateway_stack import ISSUER, Stack, loopback_resolver
+from tests.support.gateway_stack import ISSUER, Stack, generation_started, loopback_resolver
 from tests.support.servers import ThreadedServer
 from valetkey.bootstrap import open_client
 from valetkey.dev.services import OpenBaoDev, RedisServer, free_port
@@ -67,6 +67,7 @@ def request_lines(redis_url: str) -> list[dict[str, Any]]:
 
 def test_audit_lines_sent_while_redis_is_down_reach_the_stream_in_order(gateway_stack: Stack) -> None:
     with RedisServer() as store:
+        generation_started(store.url)
         server = gateway(gateway_stack, {
             "VAULT_ADDR": gateway_stack.vault.addr, "VAULT_TOKEN": gateway_stack.vault.gateway_token("echo"),
             "VALETKEY_REDIS_URL": store.url, "VALETKEY_BROKER_URL": gateway_stack.broker_url})

@@ -17,6 +17,7 @@ import redis
 
 from broker.app import create_app
 from broker.settings import BrokerSettings
+from contract import generation
 from gateways.app import GatewayApp
 from gateways.server import GatewayProtocol
 from gateways.settings import GatewaySettings
@@ -176,6 +177,14 @@ def audit_line(stack: Stack, request_id: str) -> dict[str, Any]:
     finally:
         client.close()
     raise AssertionError(f"no audit line for {request_id}")
+
+
+def generation_started(redis_url: str) -> None:
+    """What a broker does first on a Redis it serves (broker/revocation_keeper.py): start the
+    generation marker, without which a gateway neither starts nor serves. For tests that run a
+    gateway on a Redis of their own, with no broker on it."""
+    with redis.Redis.from_url(redis_url) as client:
+        client.set(generation.KEY, json.dumps({"id": "tests", "since": time.time()}), nx=True)
 
 
 def start_gateway(stack: Stack, name: str, **extra: str) -> ThreadedServer:

@@ -112,3 +112,26 @@ def test_dev_with_postgres_serves_the_demo_database(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, out
+
+
+def test_dev_ha_stack(tmp_path: Path) -> None:
+    """`valetkey dev --ha`: the demo works over a Raft cluster and Redis through Sentinel."""
+    ports = (free_port(), free_port(), free_port())
+    proc = _dev(tmp_path, *ports, extra=("--ha",))
+    text = output_until_ready(proc, 150)
+    try:
+        assert "Ctrl-C to stop" in text, text
+        assert "OpenBao Raft cluster" in text
+        assert "redis+sentinel://" in text
+        commands = [line.strip().split("   #")[0].strip() for line in text.splitlines()
+                     if line.strip().startswith(("set -a", "curl "))]
+        source, inject = commands[0], commands[1]
+        done = subprocess.run(["bash", "-c", f"{source}; {inject}"], capture_output=True, text=True,
+                              timeout=30, check=False)
+        assert '"full_name": "acme/widgets"' in done.stdout
+        ready = httpx.get(f"http://127.0.0.1:{ports[2]}/readyz", timeout=5)
+        assert ready.json()["checks"] == {"vault": True, "vault_token": True, "redis": True}
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out

@@ -67,6 +67,8 @@ class DevStack:
     echo: Any = click.echo
     children: list[Child] = field(default_factory=list)
     proxy_port: int = 8480  # the egress proxy; 0 (or --gateway-port 0) picks a free port
+    ha: bool = False  # a three-node OpenBao Raft cluster and Redis with Sentinel instead of one each
+    _vault_addr: str = ""  # what the broker and gateways get as VAULT_ADDR (every node with --ha)
 
     def _ports(self, names: tuple[str, ...], offset: int) -> dict[str, int]:
         """Consecutive ports from --gateway-port (+ offset), or free ones when it is 0."""
@@ -96,26 +98,33 @@ class DevStack:
                          "proxy": self.proxy_port,
                          **{f"gateway {n}": p for n, p in gateways.items()},
                          **{f"demo upstream {n}": p for n, p in demo_ports.items()}})
-            vault, redis = OpenBaoDev(port=self.vault_port), RedisServer(port=self.redis_port)
-            for service, label in ((vault, "OpenBao dev server"), (redis, "Redis")):
-                self._service(stack, service, label)
+            watched: list[LocalService] = []
+            if self.ha:
+                vault_addr, root_token, redis_url = self._ha_services(stack)
+            else:
+                vault, redis = OpenBaoDev(port=self.vault_port), RedisServer(port=self.redis_port)
+                for service, label in ((vault, "OpenBao dev server"), (redis, "Redis")):
+                    self._service(stack, service, label)
+                vault_addr, root_token, redis_url = vault.addr, vault.root_token, redis.url
+                watched = [vault, redis]
+            self._vault_addr = vault_addr
             kind = "demo secrets" if demo_ports else "placeholder secrets"
             self.echo(f"• Vault bootstrap: transit key, ACL policies, AppRoles, {kind} …")
-            dev_vault = DevVault.create(vault.addr, vault.root_token, policies,
+            dev_vault = DevVault.create(vault_addr.split(",")[0], root_token, policies,
                                         seed_kind="real" if demo_ports else "placeholder")
             self.echo("  done")
             if pg is not None:
-                database.configure(hvac.Client(url=vault.addr, token=vault.root_token), pg,
+                database.configure(hvac.Client(url=dev_vault.addr, token=root_token), pg,
                                    [database.DEV_UPSTREAM], manager_password)
                 self.echo(f"• Vault database engine at {database.MOUNT}/ for the demo database")
             if demo_ports:
                 self._demo_upstreams(stack, dev_vault, demo_ports)
-            broker_url = self._broker(dev_vault, redis.url, policy_dir, gateways, policies)
-            self._gateways(dev_vault, redis.url, policy_dir, broker_url, gateways, policies)
-            self._proxy(dev_vault, redis.url, policy_dir, broker_url)
-            DevState(os.getpid(), broker_url, redis.url, vault.addr, str(policy_dir.resolve()),
+            broker_url = self._broker(dev_vault, redis_url, policy_dir, gateways, policies)
+            self._gateways(dev_vault, redis_url, policy_dir, broker_url, gateways, policies)
+            self._proxy(dev_vault, redis_url, policy_dir, broker_url)
+            DevState(os.getpid(), broker_url, redis_url, dev_vault.addr, str(policy_dir.resolve()),
                      {n: self._gateway_url(policies, n, p) for n, p in gateways.items()}).write(self.workdir)
-            self._summary(dev_vault, broker_url, redis.url, gateways, time.monotonic() - started)
+            self._summary(dev_vault, broker_url, redis_url, gateways, time.monotonic() - started)
             self._tokens(dev_vault, policies)
             self._console(dev_vault, broker_url)
             if not demo_ports:  # a Postgres upstream's credential comes from its lease, not KV
@@ -123,7 +132,7 @@ class DevStack:
             if self.demo:
                 self._demo_run(dev_vault, broker_url, policies, names)
             if until_stopped:
-                self._wait([vault, redis])
+                self._wait(watched)  # with --ha a node may die: that is what it is for
 
     def _policies(self) -> tuple[PolicySet, Path, dict[str, int]]:
         if self.policy_dir is not None:
@@ -156,6 +165,19 @@ class DevStack:
             return f"postgresql://{LOOPBACK}:{port}?sslmode=disable"
         return f"http://{LOOPBACK}:{port}"
 
+    def _ha_services(self, stack: ExitStack) -> tuple[str, str, str]:
+        """(VAULT_ADDR listing every node, root token, redis+sentinel:// URL), on free ports."""
+        from valetkey.dev.raft import RaftCluster
+        from valetkey.dev.sentinel import SentinelTopology
+
+        self.echo("• OpenBao Raft cluster (three nodes, initialised and unsealed here) …")
+        cluster = stack.enter_context(RaftCluster())
+        self.echo(f"  ready: {cluster.addr}")
+        self.echo("• Redis primary, replica and three sentinels …")
+        topology = stack.enter_context(SentinelTopology())
+        self.echo(f"  ready: {topology.url}")
+        return cluster.addr, cluster.root_token, topology.url
+
     def _service(self, stack: ExitStack, service: LocalService, label: str) -> None:
         self.echo(f"• {label} on {LOOPBACK}:{service.port} …")
         stack.enter_context(service)
@@ -176,7 +198,7 @@ class DevStack:
         self.echo(f"  ready (log {child.log})")
 
     def _common_env(self, vault: DevVault, redis_url: str, policy_dir: Path) -> dict[str, str]:
-        return {**os.environ, "VAULT_ADDR": vault.addr, "VALETKEY_REDIS_URL": redis_url,
+        return {**os.environ, "VAULT_ADDR": self._vault_addr or vault.addr, "VALETKEY_REDIS_URL": redis_url,
                 "VALETKEY_POLICY_DIR": str(policy_dir), "VALETKEY_ISSUER": f"http://{LOOPBACK}:{self.broker_port}"}
 
     def _broker(self, vault: DevVault, redis_url: str, policy_dir: Path, gateways: dict[str, int],
@@ -388,14 +410,18 @@ class DevStack:
 @click.option("--no-demo", is_flag=True, help="Do not mint a demo run.")
 @click.option("--postgres", is_flag=True,
               help="Also PostgreSQL (Debian's package) with a demo database behind gateway appdb.")
+@click.option("--ha", is_flag=True,
+              help="High availability: a three-node OpenBao Raft cluster and Redis with a replica and "
+                   "three sentinels, on free ports (--vault-port and --redis-port are not used); kill a "
+                   "node to watch valetkey fail over.")
 def dev_command(upstreams: str, policy_dir: Path | None, state_dir_option: Path | None, vault_port: int,
                 redis_port: int, broker_port: int, gateway_port: int, proxy_port: int, no_demo: bool,
-                postgres: bool) -> None:
+                postgres: bool, ha: bool) -> None:
     """Run the local stack: OpenBao, Redis, bootstrap, demo upstreams, broker, gateways, a demo run."""
     workdir = state_dir(state_dir_option)
     names = tuple(n.strip() for n in upstreams.split(",") if n.strip())
     stack = DevStack(workdir, vault_port, redis_port, broker_port, gateway_port, names, policy_dir,
-                     demo=not no_demo, proxy_port=proxy_port, postgres=postgres)
+                     demo=not no_demo, proxy_port=proxy_port, postgres=postgres, ha=ha)
     try:
         stack.run()
     except (ValetkeyError, PolicyLoadError) as exc:

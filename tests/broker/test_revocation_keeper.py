@@ -1,0 +1,81 @@
+"""broker/revocation_keeper.py against a real OpenBao (the broker's own policy) and Redis: the
+durable copy is written, restored into an emptied Redis before a generation starts, kept in step
+with records others wrote, and pruned when they expire."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from broker.revocation_keeper import MOUNT, PREFIX, RevocationKeeper
+from contract import generation
+from contract.errors import Reason, Unavailable
+from contract.revocations import HASH, RevocationStore, Scope, new_revocation
+from contract.secret import Secret
+from contract.vault import VaultClient
+from valetkey.dev.services import RedisServer
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    with RedisServer() as server:
+        yield server.url
+
+
+def test_copy_restore_sync_prune(bootstrapped_vault: Any, redis_url: str) -> None:
+    async def scenario() -> None:
+        client = aioredis.Redis.from_url(redis_url)
+        # several addresses: the first is not listening, the client goes on to the next
+        vault = VaultClient(f"http://127.0.0.1:9,{bootstrapped_vault.addr}",
+                            Secret(bootstrapped_vault.broker_token))
+        keeper = RevocationKeeper(client, vault)
+        store = RevocationStore(client, require_generation=True)
+        try:
+            await client.flushall()
+            with pytest.raises(Unavailable) as stale:  # no marker: the broker mints nothing
+                await store.blocking("tester", ["echo"])
+            assert stale.value.reason is Reason.REVOCATION_STATE_STALE
+            first = await keeper.check()  # nothing to restore yet: the generation starts
+            blocked = new_revocation(Scope.RUNTIME, f"rt-{time.time_ns()}", "admin", "test")
+            await store.put(blocked)
+            await keeper.save(blocked)
+            # written by a gateway (auto-revoke): Redis only, until the keeper's sync
+            by_gateway = new_revocation(Scope.RUN, f"run-{time.time_ns()}", "gateway", "alert")
+            await store.put(by_gateway)
+            assert await keeper.sync() >= 1
+            # an expired run record in Vault is pruned
+            old = new_revocation(Scope.RUN, f"old-{time.time_ns()}", "admin", "old", run_expires=1.0)
+            await keeper.save(old)
+            await keeper.sync()
+            assert await vault.kv_get(MOUNT, f"{PREFIX}/{old.key}") is None
+
+            await client.flushall()  # the data is lost
+            second = await keeper.check()
+            assert second.id != first.id
+            assert keeper.restored >= 2
+            assert await client.hexists(HASH, blocked.key)
+            assert await client.hexists(HASH, by_gateway.key)
+            assert not await client.hexists(HASH, old.key)
+            block = await store.blocking(blocked.name, ["echo"])
+            assert block is not None
+            assert block.key == blocked.key
+            # a failover to a replica that missed the last write: the marker is there, the record is
+            # not; the next sync writes it back (never a record the policy no longer names, once old)
+            await client.hdel(HASH, blocked.key)
+            await keeper.sync()
+            assert await client.hexists(HASH, blocked.key)
+            # a newer record in Redis is never overwritten by the copy
+            lifted = await store.lift(Scope.RUNTIME, blocked.name, "admin")
+            await client.delete(generation.KEY)
+            await keeper.check()
+            assert not (await store.get(blocked.key) or lifted).blocked
+        finally:
+            await vault.aclose()
+            await client.aclose()
+
+    asyncio.run(scenario())
