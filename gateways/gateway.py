@@ -214,7 +214,8 @@ class Gateway:
                                   max_connections=settings.upstream_max_connections,
                                   ca_file=ca_file or settings.upstream_ca_file, dial_port=dial_port),
             audit=shared.audit, metrics=shared.metrics, http=shared.http, revocations=shared.revocations,
-            budgets=Budgets(shared.redis, upstream), slots=RunSlots(upstream.run_limits.concurrent),
+            budgets=Budgets(shared.redis, upstream, since=shared.revocations.generation_since),
+            slots=RunSlots(upstream.run_limits.concurrent),
             detectors=shared.detectors, webhook=shared.webhook, approvals=shared.approvals,
             enterprise=shared.enterprise,
         )
