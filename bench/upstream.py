@@ -1,7 +1,8 @@
 """A fast local upstream for benchmarks: small JSON GET, 64 KB POST answer, SSE with timestamps.
 
-Run: python -m bench.upstream PORT SECRET. It answers 401 unless ``Authorization: Bearer SECRET``
-arrives (so every benchmark run proves the upstream saw the injected secret).
+Run: python -m bench.upstream PORT SECRET [CERT KEY] (with CERT and KEY: TLS, for table 7).
+It answers 401 unless ``Authorization: Bearer SECRET`` arrives (so every benchmark run proves the
+upstream saw the injected secret).
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def main() -> None:
     import uvicorn
 
     port, secret = int(sys.argv[1]), sys.argv[2]
-    uvicorn.run(make_app(secret), host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    tls = {"ssl_certfile": sys.argv[3], "ssl_keyfile": sys.argv[4]} if len(sys.argv) > 4 else {}
+    uvicorn.run(make_app(secret), host="127.0.0.1", port=port, log_level="warning", access_log=False, **tls)
 
 
 if __name__ == "__main__":
