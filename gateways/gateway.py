@@ -89,6 +89,11 @@ class Gateway:
             self._scanner = (self.secrets.version, CredentialScanner(extra_exact=self.secrets.all_values()))
         return self._scanner[1]
 
+    def share_forms(self, other: Gateway) -> None:
+        """Use ``other``'s compiled scanner and redactor while both hold the same secrets (the
+        egress proxy's destination hosts all scan and redact with one set)."""
+        self._scanner, self._redactor = other._scanner, other._redactor
+
     def redactor_is_current(self) -> bool:
         return self._redactor is not None and self._redactor[0] == self.secrets.version
 
@@ -149,14 +154,20 @@ class Gateway:
         )
 
     async def start(self) -> None:
-        settings = self.settings
-        self.loop_errors = overload.install(asyncio.get_running_loop(), overload.needed_fds(
-            settings.max_connections, settings.upstream_max_connections, settings.redis_max_connections))
-        await self.revocations.start()
-        await self.webhook.start()
+        await self.start_shared()
         await self.secrets.start()
         await asyncio.to_thread(self.redactor)  # compile the forms now, not on the first request
         await self.resolver.start()
+
+    async def start_shared(self, upstreams: int = 1) -> None:
+        """The parts every upstream of a process can share (the egress proxy runs many on one):
+        fd limits, revocations, alert webhook, JWKS, audit, the metrics listener."""
+        settings = self.settings
+        self.loop_errors = overload.install(asyncio.get_running_loop(), overload.needed_fds(
+            settings.max_connections, settings.upstream_max_connections * upstreams,
+            settings.redis_max_connections))
+        await self.revocations.start()
+        await self.webhook.start()
         await self.keys.start()
         await self.audit.start()
         if self.settings.metrics_listen is not None:
