@@ -12,7 +12,8 @@ Modes:
   reported beside it. The event loop uses ``select()`` (microsecond timeouts; epoll rounds up to
   whole milliseconds, which would make every request up to 1 ms late).
 * ``closed`` — ``connections`` connections each send back to back for ``duration`` seconds
-  (throughput at fixed concurrency; the fallback when wrk is not installed).
+  (throughput at fixed concurrency; the fallback when wrk is not installed). With ``prewarm``,
+  the connections are made and used once before the clock starts (keep-alive throughput).
 * ``sse`` — ``streams`` concurrent GETs of the upstream's ``/v1/sse?n=N``; each event carries the
   time the upstream emitted it (``t``), and its latency is the receive time minus ``t``.
 
@@ -282,6 +283,8 @@ async def closed_loop(spec: dict[str, Any], tally: Tally) -> float:
     connections, duration = int(spec.get("connections", 32)), float(spec["duration"])
     pool = Pool(spec, connections)
     tally.refused = pool.dial.refused
+    if spec.get("prewarm"):  # every connection made (CONNECT, TLS) and used once before the clock starts
+        await asyncio.gather(*(exchange(pool, request, Tally(b"")) for _ in range(connections)))
     deadline = loop.time() + duration
 
     async def worker() -> None:

@@ -5,24 +5,38 @@ same upstream; ``BULK_HOST``, the bulk server), then ``valetkey proxy serve`` an
 with all of them. The names resolve through the proxy's test-only resolver map
 (``VALETKEY_PROXY_TEST_RESOLVE``); upstream TLS is verified against the test CA.
 
-The proxy reads Vault with the dev root token here (the bench measures speed, not the narrow
-AppRole ``valetkey vault bootstrap`` gives it in a deployment).
+The proxy reads Vault with its own identity (policy ``valetkey-proxy``: the CA and the upstream
+secrets); ``valetkey vault bootstrap`` created the deployment CA. When the broker does not bundle
+a proxy credential yet (no ``HTTPS_PROXY`` in the run's env), the bench signs one for the same
+run with the broker's transit key, exactly as the broker signs (audience ``egress``, grants
+``<name>/<purpose>``), as tests/proxy does.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import importlib.util
 import subprocess
 import sys
+import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from urllib.parse import urlsplit
 
+import httpx
+import hvac
+
 from bench.egress_procs import wait_port
-from bench.stack import BenchStack
+from bench.stack import ISSUER, BenchStack
 from bench.testca import API_HOST, BULK_HOST, TUNNEL_HOST, TestCA
+from broker.signer import TransitSigner
+from contract.ca import CA_PUBLIC_PATH, KV_MOUNT, public_certs
+from contract.claims import AccessClaims, GrantClaim
+from contract.secret import Secret
+from contract.vault import VaultClient
 from valetkey.dev.services import free_port
 
 EGRESS_POLICY = """---
@@ -92,29 +106,32 @@ class ValetkeyProxy:
     proxy_auth: str
     placeholder: str
     secret: str
+    token_from: str  # "broker bundle" or "signed by the bench"
 
 
-def _ensure_ca(stack: BenchStack, ca: TestCA) -> None:
-    """The deployment CA in Vault (``valetkey vault bootstrap`` writes one; an older bootstrap
-    does not, and then the bench writes its own, EC P-256 as the proxy requires)."""
-    import hvac
+async def _sign(stack: BenchStack, run_id: str) -> str:
+    if stack.vault is None:
+        raise RuntimeError("stack not started")
+    grants = tuple(GrantClaim(f"{g['upstream']}/{g['purpose']}", MappingProxyType({})) for g in GRANTS)
+    claims = AccessClaims.new(issuer=ISSUER, run_id=run_id, audience="egress", runtime="bench-agent",
+                              grants=grants, now=int(time.time()), ttl=3600)
+    vault = VaultClient(stack.vault.addr, Secret(stack.vault.broker_token))
+    try:
+        return (await TransitSigner(vault, "transit", "valetkey-tokens").sign([claims]))[0]
+    finally:
+        await vault.aclose()
 
+
+def _deployment_ca(stack: BenchStack) -> str:
     if stack.vault is None:
         raise RuntimeError("stack not started")
     client = hvac.Client(url=stack.vault.addr, token=stack.vault.root_token)
-    try:
-        client.secrets.kv.v2.read_secret_version(path="valetkey/proxy/ca", mount_point="secret",
-                                                 raise_on_deleted_version=True)
-    except hvac.exceptions.InvalidPath:
-        cert, key = ca.ca.read_text(), ca.ca_key.read_text()
-        client.secrets.kv.v2.create_or_update_secret(path="valetkey/proxy/ca", mount_point="secret",
-                                                     secret={"cert": cert, "key": key})
-        client.secrets.kv.v2.create_or_update_secret(path="valetkey/proxy/ca-public", mount_point="secret",
-                                                     secret={"certs": cert})
+    read = client.secrets.kv.v2.read_secret_version(path=CA_PUBLIC_PATH, mount_point=KV_MOUNT,
+                                                    raise_on_deleted_version=True)
+    return public_certs(read["data"]["data"])
 
 
-def start(scope: ExitStack, ca: TestCA, deployment_ca: TestCA, tls_port: int, bulk_port: int,
-          workdir: Path) -> ValetkeyProxy:
+def start(scope: ExitStack, ca: TestCA, tls_port: int, bulk_port: int, workdir: Path) -> ValetkeyProxy:
     """The stack and the proxy, entered into ``scope``; the TLS upstream and bulk server are the
     caller's (started on ``tls_port`` / ``bulk_port`` once the secret is known)."""
     port = free_port()
@@ -124,21 +141,34 @@ def start(scope: ExitStack, ca: TestCA, deployment_ca: TestCA, tls_port: int, bu
                                            broker_env={"VALETKEY_PROXY_URL": f"http://127.0.0.1:{port}"}))
     if stack.vault is None:
         raise RuntimeError("stack not started")
-    _ensure_ca(stack, deployment_ca)
     resolve = ",".join(f"{host}:{p}=127.0.0.1:{p}" for host, p in
                        ((API_HOST, tls_port), (TUNNEL_HOST, tls_port), (BULK_HOST, bulk_port)))
     argv = [sys.executable, "-m", "valetkey.cli", "proxy", "serve", "--log-level", "warning"]
     proc = stack.spawn("proxy", argv,
-                       {**stack.common_env, "VAULT_TOKEN": stack.vault.root_token,
+                       {**stack.common_env, "VAULT_TOKEN": stack.vault.proxy_token(),
                         "VALETKEY_BROKER_URL": stack.broker_url, "VALETKEY_PROXY_LISTEN": f"127.0.0.1:{port}",
                         "VALETKEY_UPSTREAM_CA_FILE": str(ca.ca), "VALETKEY_PROXY_TEST_RESOLVE": resolve})
-    wait_port(port, proc, seconds=60)
-    bundle = stack.mint(grants=GRANTS)
+    try:
+        wait_port(port, proc, seconds=60)
+    except RuntimeError as exc:
+        log = (stack.workdir / "proxy.log").read_text(errors="replace")[-1500:]
+        raise RuntimeError(f"{exc}: {log}") from None
+    try:
+        bundle = stack.mint(grants=GRANTS)
+    except httpx.HTTPStatusError as exc:  # a broker that does not grant destinations yet
+        if exc.response.status_code != 400:
+            raise
+        bundle = stack.mint(grants=[g for g in GRANTS if g["upstream"] == "benchtls"])
     env = bundle["env"]
-    proxy_url = urlsplit(env["HTTPS_PROXY"])
-    files = bundle.get("files") or {}
     client_ca = workdir / "bundle-ca.pem"
-    client_ca.write_text("".join(files.values()) if files else deployment_ca.ca.read_text())
-    credential = base64.b64encode(f"{proxy_url.username}:{proxy_url.password}".encode()).decode()
+    files = bundle.get("files") or {}
+    client_ca.write_text("".join(files.values()) if files else _deployment_ca(stack))
+    if env.get("HTTPS_PROXY"):
+        url = urlsplit(env["HTTPS_PROXY"])
+        user, token, token_from = url.username or "run", url.password or "", "broker bundle"
+    else:
+        user, token, token_from = "run", asyncio.run(_sign(stack, bundle["run_id"])), "signed by the bench"
+    credential = base64.b64encode(f"{user}:{token}".encode()).decode()
     return ValetkeyProxy(port=port, pid=proc.pid, client_ca=client_ca, proxy_auth=f"Basic {credential}",
-                         placeholder=env["BENCHTLS_TOKEN"], secret=stack.vault.secrets["benchtls"])
+                         placeholder=env["BENCHTLS_TOKEN"], secret=stack.vault.secrets["benchtls"],
+                         token_from=token_from)
