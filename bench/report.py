@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench.egress_report import egress
 from bench.proxy import KINDS, added, med, ratios
 from bench.tables import num, spread, table
 from bench.targets import targets
@@ -188,7 +189,7 @@ def profile(results: Results) -> str:
 def render(results: Results) -> str:
 
     parts = ["## Machine and run", machine(results), targets(results)]
-    for section in (proxy, sse, redaction, tokens, revocation, memory, profile):
+    for section in (proxy, sse, redaction, tokens, revocation, memory, egress, profile):
         try:
             text = section(results)
         except KeyError as exc:

@@ -57,8 +57,9 @@ def main() -> None:
     import uvicorn
 
     port, secret = int(sys.argv[1]), sys.argv[2]
-    tls = {"ssl_certfile": sys.argv[3], "ssl_keyfile": sys.argv[4]} if len(sys.argv) > 4 else {}
-    uvicorn.run(make_app(secret), host="127.0.0.1", port=port, log_level="warning", access_log=False, **tls)
+    cert, key = (sys.argv[3], sys.argv[4]) if len(sys.argv) > 4 else (None, None)
+    uvicorn.run(make_app(secret), host="127.0.0.1", port=port, log_level="warning", access_log=False,
+                ssl_certfile=cert, ssl_keyfile=key)
 
 
 if __name__ == "__main__":
