@@ -230,7 +230,8 @@ def measure_stack(cfg: Config, results: dict[str, Any]) -> None:
 
 
 def measure(cfg: Config, results: dict[str, Any]) -> None:
-    measure_stack(cfg, results)
+    if {"proxy", "sse", "tokens", "profile"} & set(cfg.sections):
+        measure_stack(cfg, results)
     if "redaction" in cfg.sections:
         log("3. redaction (bench/redact.py)")
         results["redaction"] = redaction(cfg)
