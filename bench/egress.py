@@ -40,7 +40,7 @@ from valetkey.dev.services import free_port
 @dataclass(frozen=True)
 class EgressPlan:
     rounds: int = 3
-    seconds: float = 5.0  # each throughput run
+    seconds: float = 4.0  # each throughput run
     connections: int = 16
     latency_seconds: float = 6.0  # each open-loop run
     rates: dict[str, float] = field(default_factory=lambda: {"small": 50.0, "medium": 20.0})
