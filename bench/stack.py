@@ -144,7 +144,7 @@ class BenchStack:
         self.gateway_procs.append(proc)
         url = f"http://127.0.0.1:{port}"
         self.gateway_urls.append(url)
-        wait_http(f"{url}/.valetkey/readyz", proc=proc)
+        wait_http(f"{url}/.valetkey/readyz", seconds=90, proc=proc)  # workers start slowly on a busy box
         return url
 
     def mint(self, purposes: tuple[str, ...] = ("read", "write"), ttl: str = "1h",
