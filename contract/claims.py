@@ -69,6 +69,23 @@ class AccessClaims:
         )
 
 
+PROXY_GRANT_SEP = "/"  # a proxy token's grant purpose: "<upstream or destination>/<purpose>"
+
+
+def proxy_purpose(name: str, purpose: str) -> str:
+    """``pypi``, ``connect`` → ``pypi/connect``: a grant of the proxy token (policy names never
+    contain ``/``, so no upstream's own purpose can be read as one)."""
+    return f"{name}{PROXY_GRANT_SEP}{purpose}"
+
+
+def grants_at(grants: tuple[GrantClaim, ...], name: str) -> tuple[GrantClaim, ...]:
+    """The proxy token's grants for upstream or destination ``name``, purposes without the prefix
+    (what the gateway pipeline's purpose step expects)."""
+    prefix = name + PROXY_GRANT_SEP
+    return tuple(GrantClaim(g.purpose[len(prefix):], g.params)
+                 for g in grants if g.purpose.startswith(prefix) and len(g.purpose) > len(prefix))
+
+
 def b64url(raw: bytes) -> str:
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
@@ -93,3 +110,15 @@ def compact_json(value: Mapping[str, Any]) -> bytes:
 
 def params_view(params: Mapping[str, str]) -> Mapping[str, str]:
     return MappingProxyType(dict(params))
+
+
+SIGNATURE_B64_BYTES = 86  # an Ed25519 signature (64 bytes) in unpadded base64url
+MAX_KID_VERSION = 10**9  # the kid's version number is counted at this width
+
+
+def token_bytes(claims: AccessClaims, key_name: str) -> int:
+    """How long the compact JWS of ``claims`` will be (at most), before it is signed: a token
+    over ``MAX_TOKEN_BYTES`` would be refused by every verifier, so the broker refuses to mint it."""
+    header = {"alg": ALGORITHM, "typ": TOKEN_TYPE, "kid": f"{key_name}:v{MAX_KID_VERSION}"}
+    return (len(b64url(compact_json(header))) + 1 + len(b64url(compact_json(claims.to_json())))
+            + 1 + SIGNATURE_B64_BYTES)

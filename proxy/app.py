@@ -10,6 +10,7 @@ the gateway of the host it is for, and writes one audit line.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -22,6 +23,7 @@ from contract.errors import BadRequest, Decision, Reason, ValetkeyError, render
 from gateways.audit import AuditRecord
 from gateways.exchange import Receive, Send, new_exchange
 from gateways.pipeline import handle
+from gateways.reserved import reply
 from gateways.server import config as gateway_config
 from policies.model import PolicySet
 from proxy.connect import TUNNEL_KEY, Admission, admit, proxy_status
@@ -32,6 +34,7 @@ from proxy.steps import DESTINATION_STEPS, UPSTREAM_STEPS
 
 log = logging.getLogger("valetkey.proxy")
 STOP_GRACE = 15.0
+RESERVED_PREFIX = "/.valetkey/"
 
 
 class ProxyApp:
@@ -48,12 +51,34 @@ class ProxyApp:
         if scope["type"] != "http" or self.hub is None:
             return
         admission = scope.get(TUNNEL_KEY)
+        if admission is None and str(scope.get("path", "")).startswith(RESERVED_PREFIX):
+            await self._reserved(self.hub, scope, send)  # the proxy's own probes, origin-form
+            return
         if not isinstance(admission, Admission):
             admission = await self._admit_plain(self.hub, scope, receive, send)
             if admission is None:
                 return
         steps = UPSTREAM_STEPS if admission.route.upstream is not None else DESTINATION_STEPS
-        await handle(admission.gateway, new_exchange(scope, receive, send, admission.route.name), steps)
+        ex = new_exchange(scope, receive, send, admission.route.name)
+        # the tunnel's run is known from its CONNECT: every decision inside is audited with it
+        ex.record.run, ex.record.runtime = admission.claims.sub, admission.claims.client_id
+        await handle(admission.gateway, ex, steps)
+
+    async def _reserved(self, hub: Hub, scope: dict[str, Any], send: Send) -> None:
+        """``GET /.valetkey/healthz`` (the process is up) and ``/.valetkey/readyz`` (CA loaded,
+        every upstream secret and address current, JWKS and revocation state fresh): the probes of
+        an orchestrator, on the proxy's own listener. Nothing else is served here."""
+        path = scope["path"][len(RESERVED_PREFIX):]
+        if scope["method"] not in ("GET", "HEAD") or path not in ("healthz", "readyz"):
+            await reply(send, 404, b'{"error":"not_found","detail":"only healthz and readyz here"}')
+            return
+        if path == "healthz":
+            await reply(send, 200, b'{"status":"ok"}')
+            return
+        checks = hub.readiness()
+        ok = all(checks.values())
+        body = {"status": "ready" if ok else "not_ready", "checks": checks}
+        await reply(send, 200 if ok else 503, json.dumps(body).encode())
 
     async def _admit_plain(self, hub: Hub, scope: dict[str, Any], receive: Receive,
                            send: Send) -> Admission | None:

@@ -46,8 +46,10 @@ class LeafCerts:
         self._ca_key: ec.EllipticCurvePrivateKey | None = None
         self._ca_pem = b""
         self._key = ec.generate_private_key(ec.SECP256R1())
+        # the traditional EC form: OpenSSL 3 decodes it faster than PKCS8 on every new leaf
         self._key_pem = self._key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+            serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
+            serialization.NoEncryption())
         self._cache: OrderedDict[str, ssl.SSLContext] = OrderedDict()
         # in memory where there is a tmpfs: the chain file holds the leaf key for a moment
         shm = "/dev/shm"  # noqa: S108 - a private 0700 directory made by mkdtemp
@@ -106,6 +108,10 @@ class LeafCerts:
         if len(self._cache) > MAX_LEAVES:
             self._cache.popitem(last=False)
         return context
+
+    @property
+    def loaded(self) -> bool:
+        return self._ca_cert is not None
 
     def cached(self, host: str) -> bool:
         return host in self._cache

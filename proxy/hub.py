@@ -19,17 +19,15 @@ import logging
 import socket
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from contract.ca import CA_PUBLIC_PATH, signing_slot
+from contract.errors import Reason, Unavailable
 from contract.secret import Secret
-from contract.vault import VaultClient
 from contract.verify import TokenVerifier
-from gateways.budget import Budgets
-from gateways.egress import AddrInfo, PinnedResolver, Resolver
+from gateways.egress import AddrInfo, Resolver
 from gateways.gateway import Gateway
-from gateways.runslots import RunSlots
 from gateways.secret_store import SecretStore
-from gateways.upstream import UpstreamClient
 from policies.model import Injection, Placement, PolicySet, SandboxEnv, SecretRef, TlsMode, Upstream
 from proxy.certs import LeafCerts
 from proxy.routes import Route
@@ -112,7 +110,7 @@ class Hub:
         self.base = Gateway.build(settings.gateway, _proxy_upstream(settings), self.resolver,
                                   policies.alerting)
         self.verifier: TokenVerifier = self.base.verifier
-        self.leaves = LeafCerts(self._read_ca)
+        self.leaves = LeafCerts(self._read_ca, refresh=settings.ca_refresh)
         self.upstreams = {name: self._upstream_gateway(up) for name, up in policies.upstreams.items()
                           if up.scheme == "https"}
         self.held = HeldSecrets([gw.secrets for gw in self.upstreams.values()])
@@ -125,26 +123,8 @@ class Hub:
         return target[1] if target else None
 
     def _upstream_gateway(self, upstream: Upstream) -> Gateway:
-        s, base = self.settings.gateway, self.base
-        vault = VaultClient(s.vault_addr, s.vault_token or Secret(""))  # each store logs in on its own
-        return Gateway(
-            settings=s, upstream=upstream, vault=vault, redis=base.redis,
-            secrets=SecretStore(vault, upstream.secret,
-                                role_id=s.approle_role_id, secret_id=s.approle_secret_id,
-                                secret_id_file=s.approle_secret_id_file, refresh=s.secret_refresh,
-                                max_stale=s.secret_max_stale),
-            resolver=PinnedResolver(upstream.host, upstream.port, upstream.allow_private,
-                                    resolver=self.resolver),
-            keys=base.keys,
-            verifier=TokenVerifier(issuer=s.issuer, audience=upstream.name, keys=base.keys,
-                                   run_check=base.revocations.run_check, leeway=s.token_leeway),
-            client=UpstreamClient(upstream, connect=s.connect_timeout, read=s.read_timeout,
-                                  max_connections=s.upstream_max_connections, ca_file=s.upstream_ca_file,
-                                  dial_port=self._dial_port(upstream.host, upstream.port)),
-            audit=base.audit, metrics=base.metrics, http=base.http, revocations=base.revocations,
-            budgets=Budgets(base.redis, upstream), slots=RunSlots(upstream.run_limits.concurrent),
-            detectors=base.detectors, webhook=base.webhook,
-        )
+        return Gateway.build(self.settings.gateway, upstream, self.resolver, shared=self.base,
+                             dial_port=self._dial_port(upstream.host, upstream.port))
 
     async def gateway(self, route: Route) -> Gateway:
         """The gateway for a route, its address checked by the egress guard and fresh
@@ -168,21 +148,13 @@ class Hub:
         return gw
 
     async def _destination_gateway(self, route: Route) -> Gateway:
-        s, base = self.settings.gateway, self.base
-        upstream = destination_upstream(route)
         dest = route.destination
-        ca_file = (dest.ca_file if dest is not None and dest.ca_file else None) or s.upstream_ca_file
-        gw = Gateway(
-            settings=s, upstream=upstream, vault=base.vault, redis=base.redis, secrets=self.held,
-            resolver=PinnedResolver(route.host, route.port, upstream.allow_private, resolver=self.resolver),
-            keys=base.keys, verifier=self.verifier,
-            client=UpstreamClient(upstream, connect=s.connect_timeout, read=s.read_timeout,
-                                  max_connections=s.upstream_max_connections, ca_file=ca_file,
-                                  dial_port=self._dial_port(route.host, route.port)),
-            audit=base.audit, metrics=base.metrics, http=base.http, revocations=base.revocations,
-            budgets=Budgets(base.redis, upstream), slots=RunSlots(upstream.run_limits.concurrent),
-            detectors=base.detectors, webhook=base.webhook,
-        )
+        gw = Gateway.build(self.settings.gateway, destination_upstream(route), self.resolver,
+                           shared=self.base, dial_port=self._dial_port(route.host, route.port),
+                           ca_file=dest.ca_file if dest is not None and dest.ca_file else None)
+        # no secret of its own: it scans and redacts with the proxy's, and its run is the proxy token's
+        await gw.vault.aclose()
+        gw.secrets, gw.verifier = self.held, self.verifier
         # every destination host scans and redacts with the same secrets: compiled once
         if self._forms is None or not self._forms.redactor_is_current():
             await asyncio.to_thread(gw.redactor)
@@ -192,11 +164,25 @@ class Hub:
             gw.share_forms(self._forms)
         return gw
 
+    def readiness(self) -> dict[str, bool]:
+        """What ``/.valetkey/readyz`` reports: each part the request path relies on, fresh."""
+        checks = {"ca": self.leaves.loaded, "jwks": self.base.keys.fresh,
+                  "revocations": self.base.revocations.fresh}
+        for name, gw in self.upstreams.items():
+            checks[f"upstream:{name}"] = _ok(gw.secrets.current) and _ok(gw.resolver.current)
+        return checks
+
     async def _read_ca(self) -> tuple[bytes, bytes]:
-        """The CA certificate and key, with the proxy's identity (the base store logs in first)."""
-        await self.base.secrets.load()  # reads the CA's ``cert`` field, logging in when due
-        key = await self.base.vault.kv_read(SecretRef(self.settings.ca_mount, self.settings.ca_path, "key"))
-        return self.base.secrets.current().reveal().encode(), key.reveal().encode()
+        """The certificate and key of the CA slot that signs now (``contract.ca.signing_slot``),
+        with the proxy's identity (the base store logs in first, reading ``ca-public``'s certs)."""
+        mount = self.settings.ca_mount
+        await self.base.secrets.load()  # ca-public's ``certs``: logs in when due
+        public = await self.base.vault.kv_fields(mount, CA_PUBLIC_PATH)
+        slots = {"slots": public["slots"].reveal()} if "slots" in public else {}
+        ca = await self.base.vault.kv_fields(mount, signing_slot(slots, time.time()))
+        if "cert" not in ca or "key" not in ca:
+            raise Unavailable("the signing CA slot has no cert and key", Reason.PROXY_CA_UNAVAILABLE)
+        return ca["cert"].reveal().encode(), ca["key"].reveal().encode()
 
     async def start(self) -> None:
         if self.settings.connect_to:
@@ -236,7 +222,15 @@ def _proxy_upstream(settings: ProxySettings) -> Upstream:
     return Upstream(
         name=settings.audience, base_url="https://egress.invalid", scheme="https", host="egress.invalid",
         port=443,
-        secret=SecretRef("secret", settings.ca_path, "cert"),
+        secret=SecretRef(settings.ca_mount, CA_PUBLIC_PATH, "certs"),
         injection=Injection(Placement.HEADER, header="proxy-authorization", format="Basic {secret}"),
         env=SandboxEnv(placeholder="", base_url=""), purposes={},
     )
+
+
+def _ok(check: Callable[[], object]) -> bool:
+    try:
+        check()
+    except Exception:
+        return False
+    return True
