@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--doc", type=Path, help="splice the tables into this Markdown file")
     parser.add_argument("--out", type=Path, help="write the generated Markdown here")
     parser.add_argument("--json", type=Path, help="write the raw results here")
-    parser.add_argument("--rounds", type=int, help="rounds of table 1 (default 3)")
+    parser.add_argument("--rounds", type=int, help="rounds of tables 1 and 7 (default 3)")
     parser.add_argument("--sections", help=f"comma-separated subset of {','.join(SECTIONS)}")
     parser.add_argument("--render", type=Path, help="no measuring: render results saved by --json")
     parser.add_argument("--quiet-wait", type=float, default=None, metavar="SECONDS",
@@ -260,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cfg = SMOKE if args.smoke else FULL
     if args.rounds:
-        cfg = replace(cfg, plan=replace(cfg.plan, rounds=args.rounds))
+        cfg = replace(cfg, plan=replace(cfg.plan, rounds=args.rounds),
+                      egress=replace(cfg.egress, rounds=args.rounds))
     if args.sections:
         cfg = replace(cfg, sections=tuple(s.strip() for s in args.sections.split(",")))
     if args.render:
