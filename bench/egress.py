@@ -109,7 +109,7 @@ def compare(ways: list[Way], plan: EgressPlan, secret: str, log: Callable[[str],
                 cpu = cpu_seconds(w.pids()) - before
                 settle(w.pids)
                 lat = strict(run_loadgen(w.spec(kind, secret, mode="open", rate=plan.rates[kind.name],
-                                                duration=plan.latency_seconds, connections=16)),
+                                                duration=plan.latency_seconds, connections=8, prewarm=True)),
                              f"{where}, latency")
                 cell = raw[w.name][kind.name]
                 cell["rps"].append(tp["rps"])

@@ -12,8 +12,9 @@ Modes:
   reported beside it. The event loop uses ``select()`` (microsecond timeouts; epoll rounds up to
   whole milliseconds, which would make every request up to 1 ms late).
 * ``closed`` — ``connections`` connections each send back to back for ``duration`` seconds
-  (throughput at fixed concurrency; the fallback when wrk is not installed). With ``prewarm``,
-  the connections are made and used once before the clock starts (keep-alive throughput).
+  (throughput at fixed concurrency; the fallback when wrk is not installed). With ``prewarm``
+  (either loop), all ``connections`` are made and used once before the clock starts, so a
+  CONNECT and TLS handshake is never inside a figure (keep-alive).
 * ``sse`` — ``streams`` concurrent GETs of the upstream's ``/v1/sse?n=N``; each event carries the
   time the upstream emitted it (``t``), and its latency is the receive time minus ``t``.
 
@@ -254,6 +255,8 @@ async def open_loop(spec: dict[str, Any], tally: Tally) -> float:
     rate, duration = float(spec["rate"]), float(spec["duration"])
     for _ in range(int(spec.get("warmup", 20))):  # opens a few connections, not counted
         await exchange(pool, request, Tally(b""))
+    if spec.get("prewarm"):  # every connection made before the schedule: latency on keep-alive only
+        await asyncio.gather(*(exchange(pool, request, Tally(b"")) for _ in range(pool.size)))
 
     async def one(intended: float) -> None:
         tally.lateness.append(max(0.0, loop.time() - intended))
