@@ -72,6 +72,9 @@ def _requests(e: dict[str, Any]) -> str:
              "(`bench/loadgen.py`: wrk cannot go through a CONNECT proxy); each connection is CONNECT "
              "(Proxy-Authorization), then TLS verified for the destination's name, then requests. "
              "CPU/request is the proxy's own CPU (for direct: the upstream's).")
+    errors = sum(sum(c.get("errors", [])) for way in raw.values() for c in way.values())
+    intro += (f" Transport errors (a run fails above 1 % of its requests): {errors} in all; no CONNECT "
+              "was refused.")
     return "\n\n".join([intro, table(header, rows), "### Added latency and ratios (per round, then median)",
                         table(["comparison", *KINDS], comparisons)])
 
