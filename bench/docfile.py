@@ -21,7 +21,7 @@ What valetkey costs, measured on loopback, side by side with direct calls, nginx
 (issue 6). Every table below was produced by one command on the machine it describes:
 
 ```sh
-./scripts/bench              # every table below (about 15 minutes); rewrites the generated blocks
+./scripts/bench              # every table below (about 25 minutes); rewrites the generated blocks
 ./scripts/bench soak --minutes 10
 ./scripts/bench --smoke      # seconds, tiny loads: checks the harness works (tests/test_bench_smoke.py)
 ```

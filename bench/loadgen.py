@@ -12,9 +12,17 @@ Modes:
   reported beside it. The event loop uses ``select()`` (microsecond timeouts; epoll rounds up to
   whole milliseconds, which would make every request up to 1 ms late).
 * ``closed`` — ``connections`` connections each send back to back for ``duration`` seconds
-  (throughput at fixed concurrency; the fallback when wrk is not installed).
+  (throughput at fixed concurrency; the fallback when wrk is not installed). With ``prewarm``
+  (either loop), all ``connections`` are made and used once before the clock starts, so a
+  CONNECT and TLS handshake is never inside a figure (keep-alive).
 * ``sse`` — ``streams`` concurrent GETs of the upstream's ``/v1/sse?n=N``; each event carries the
   time the upstream emitted it (``t``), and its latency is the receive time minus ``t``.
+
+Any mode may speak TLS and go through a forward proxy (table 7, the egress proxy): ``tls``
+(``{"ca": PEM file, "sni": name}``) wraps each connection in TLS, verified for ``sni`` against
+``ca``; ``proxy_auth`` (a ``Proxy-Authorization`` value) first sends ``CONNECT authority`` to
+``host:port`` (then the proxy), and a refused CONNECT counts in ``connect_refused`` by status.
+``authority`` is the ``Host`` (and CONNECT target); default ``host:port``.
 
 Every response must be ``200`` (the upstream answers 401 unless the injected secret arrived) and
 must not contain ``secret`` anywhere in its head or body: both are counted and reported, and the
@@ -27,6 +35,7 @@ import asyncio
 import json
 import re
 import selectors
+import ssl
 import sys
 import time
 from collections import deque
@@ -69,9 +78,13 @@ def json_body(size: int) -> bytes:
     return head + (PROSE * (room // len(PROSE) + 1))[:room] + b'"}'
 
 
+def authority(spec: dict[str, Any]) -> str:
+    return str(spec.get("authority") or f"{spec['host']}:{spec['port']}")
+
+
 def build_request(spec: dict[str, Any]) -> bytes:
     body = json_body(int(spec["body_size"])) if spec.get("body_size") else b""
-    lines = [f"{spec.get('method', 'GET')} {spec['path']} HTTP/1.1", f"Host: {spec['host']}:{spec['port']}"]
+    lines = [f"{spec.get('method', 'GET')} {spec['path']} HTTP/1.1", f"Host: {authority(spec)}"]
     lines += [f"{k}: {v}" for k, v in spec.get("headers", [])]
     if body:
         lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
@@ -105,6 +118,7 @@ class Tally:
     statuses: dict[str, int] = field(default_factory=dict)
     latencies: list[float] = field(default_factory=list)
     lateness: list[float] = field(default_factory=list)
+    refused: dict[str, int] = field(default_factory=dict)
 
     def count(self, status: int, head: bytes, body: bytes) -> None:
         self.completed += 1
@@ -114,7 +128,8 @@ class Tally:
 
     def result(self, elapsed: float) -> dict[str, Any]:
         return {"completed": self.completed, "errors": self.errors, "leaks": self.leaks,
-                "statuses": self.statuses, "non200": self.completed - self.statuses.get("200", 0),
+                "statuses": self.statuses, "connect_refused": self.refused,
+                "non200": self.completed - self.statuses.get("200", 0),
                 "elapsed_s": round(elapsed, 3), "rps": round(self.completed / elapsed, 1) if elapsed else 0.0,
                 "latency_ms": summary_ms(self.latencies), "lateness_ms": summary_ms(self.lateness)}
 
@@ -122,11 +137,54 @@ class Tally:
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
+class ConnectRefused(OSError):
+    """The forward proxy answered the CONNECT with something other than 200."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"CONNECT answered {status}")
+        self.status = status
+
+
+class Dialer:
+    """Opens one connection as the spec says: TCP, then CONNECT through a proxy, then TLS."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.host, self.port = spec["host"], int(spec["port"])
+        self.authority = authority(spec)
+        self.proxy_auth = spec.get("proxy_auth")
+        tls = spec.get("tls")
+        self.context: ssl.SSLContext | None = None
+        self.sni = ""
+        if tls:
+            self.context = ssl.create_default_context(cafile=tls["ca"])
+            self.context.set_alpn_protocols(["http/1.1"])
+            self.sni = tls["sni"]
+        self.refused: dict[str, int] = {}
+
+    async def __call__(self) -> Conn:
+        reader, writer = await asyncio.open_connection(self.host, self.port)
+        try:
+            if self.proxy_auth:
+                writer.write(f"CONNECT {self.authority} HTTP/1.1\r\nHost: {self.authority}\r\n"
+                             f"Proxy-Authorization: {self.proxy_auth}\r\n\r\n".encode("latin-1"))
+                head = await reader.readuntil(b"\r\n\r\n")
+                status = int(head[9:12])
+                if status != 200:
+                    self.refused[str(status)] = self.refused.get(str(status), 0) + 1
+                    raise ConnectRefused(status)
+            if self.context is not None:
+                await writer.start_tls(self.context, server_hostname=self.sni)
+        except BaseException:
+            writer.close()
+            raise
+        return reader, writer
+
+
 class Pool:
     """Keep-alive connections, at most ``size`` of them; a request waits when all are busy."""
 
-    def __init__(self, host: str, port: int, size: int) -> None:
-        self.host, self.port, self.size = host, port, size
+    def __init__(self, spec: dict[str, Any], size: int) -> None:
+        self.dial, self.size = Dialer(spec), size
         self.idle: deque[Conn] = deque()
         self.opened = 0
         self.waiters: deque[asyncio.Future[Conn | None]] = deque()
@@ -138,8 +196,8 @@ class Pool:
             if self.opened < self.size:
                 self.opened += 1
                 try:
-                    return await asyncio.open_connection(self.host, self.port)
-                except OSError:
+                    return await self.dial()
+                except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
                     self.opened -= 1
                     raise
             waiter: asyncio.Future[Conn | None] = asyncio.get_running_loop().create_future()
@@ -166,7 +224,11 @@ class Pool:
 
 
 async def exchange(pool: Pool, request: bytes, tally: Tally) -> bool:
-    conn = await pool.acquire()
+    try:
+        conn = await pool.acquire()
+    except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
+        tally.errors += 1
+        return False
     reader, writer = conn
     try:
         writer.write(request)
@@ -187,11 +249,14 @@ async def exchange(pool: Pool, request: bytes, tally: Tally) -> bool:
 
 async def open_loop(spec: dict[str, Any], tally: Tally) -> float:
     loop = asyncio.get_running_loop()
-    pool = Pool(spec["host"], int(spec["port"]), int(spec.get("connections", 64)))
+    pool = Pool(spec, int(spec.get("connections", 64)))
+    tally.refused = pool.dial.refused
     request = build_request(spec)
     rate, duration = float(spec["rate"]), float(spec["duration"])
     for _ in range(int(spec.get("warmup", 20))):  # opens a few connections, not counted
         await exchange(pool, request, Tally(b""))
+    if spec.get("prewarm"):  # every connection made before the schedule: latency on keep-alive only
+        await asyncio.gather(*(exchange(pool, request, Tally(b"")) for _ in range(pool.size)))
 
     async def one(intended: float) -> None:
         tally.lateness.append(max(0.0, loop.time() - intended))
@@ -219,7 +284,10 @@ async def closed_loop(spec: dict[str, Any], tally: Tally) -> float:
     loop = asyncio.get_running_loop()
     request = build_request(spec)
     connections, duration = int(spec.get("connections", 32)), float(spec["duration"])
-    pool = Pool(spec["host"], int(spec["port"]), connections)
+    pool = Pool(spec, connections)
+    tally.refused = pool.dial.refused
+    if spec.get("prewarm"):  # every connection made (CONNECT, TLS) and used once before the clock starts
+        await asyncio.gather(*(exchange(pool, request, Tally(b"")) for _ in range(connections)))
     deadline = loop.time() + duration
 
     async def worker() -> None:

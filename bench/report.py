@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench.egress_report import egress
 from bench.proxy import KINDS, added, med, ratios
 from bench.tables import num, spread, table
 from bench.targets import targets
@@ -190,13 +191,13 @@ def sources(results: Results) -> str:
     body = (f"`python -m bench.sources` in this run (what it measures: [Run-scoped credentials]"
             f"(#run-scoped-credentials) below):\n\n```text\n{r['output']}\n```" if r.get("output")
             else f"TODO: {r.get('todo', 'bench/sources.py not run')}")
-    return "\n\n".join(["## 7. Run-scoped credential sources", body])
+    return "\n\n".join(["## 8. Run-scoped credential sources", body])
 
 
 def render(results: Results) -> str:
 
     parts = ["## Machine and run", machine(results), targets(results)]
-    for section in (proxy, sse, redaction, tokens, revocation, memory, profile, sources):
+    for section in (proxy, sse, redaction, tokens, revocation, memory, egress, profile, sources):
         try:
             text = section(results)
         except KeyError as exc:

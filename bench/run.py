@@ -7,8 +7,9 @@ Starts the whole stack on loopback (OpenBao dev, Redis, bootstrap, the fast upst
 a one-worker gateway and one with a worker per core), nginx and mitmproxy when installed (each
 missing tool is skipped with a line saying so; direct and gateway rows always run), then
 measures: 1 proxy overhead, 2 SSE pass-through, 4 tokens, 6 memory (and a py-spy profile of the
-gateway when one of its targets is missed); then 3 redaction (``bench/redact.py``) and
-5 revocation propagation (``bench/revocation.py``), which start stacks of their own. Any non-200
+gateway when one of its targets is missed); then 3 redaction (``bench/redact.py``),
+5 revocation propagation (``bench/revocation.py``) and 7 the egress proxy (``bench/egress.py``),
+which start stacks of their own. Any non-200
 or a secret seen by a client fails the run (exit 1).
 """
 
@@ -28,7 +29,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from bench import docfile, report, targets
+from bench import docfile, egress, report, targets
+from bench.egress_report import gateway_before
 from bench.loadgen import percentile
 from bench.profile import profile_gateway
 from bench.proxy import KINDS, BenchFailure, Plan, Target, checked, compare, run_loadgen, spec_for, warm
@@ -39,7 +41,7 @@ from bench.tokens import measure as token_rates
 from bench.tools import Floor, Mitmproxy, Nginx, find_mitmdump, find_nginx, find_pyspy, find_wrk, version
 
 REPO = Path(__file__).resolve().parent.parent
-SECTIONS = ("proxy", "sse", "tokens", "profile", "redaction", "revocation", "sources")
+SECTIONS = ("proxy", "sse", "tokens", "profile", "redaction", "revocation", "egress", "sources")
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class Config:
     profile_seconds: float = 10.0
     smoke: bool = False
     sections: tuple[str, ...] = field(default=SECTIONS)
+    egress: egress.EgressPlan = field(default_factory=egress.EgressPlan)
 
 
 FULL = Config(Plan(rounds=3, seconds=8.0, connections=32, latency_seconds=10.0,
@@ -66,7 +69,8 @@ SMOKE = Config(Plan(rounds=1, seconds=1.0, connections=4, latency_seconds=1.0,
                     rates={"small": 20.0, "medium": 10.0}, warmup=0.3),
                sse_events=5, sse_streams=1, sse_rounds=1, distinct=40, repeated=2000, token_rounds=1,
                token_seconds=0.5, concurrency=4, replicas=(1,), trials=2, smoke=True,
-               sections=("proxy", "sse", "tokens", "redaction", "revocation"))
+               sections=("proxy", "sse", "tokens", "redaction", "revocation", "egress"),
+               egress=egress.SMOKE_PLAN)
 
 
 def log(line: str) -> None:
@@ -228,12 +232,13 @@ def measure_stack(cfg: Config, results: dict[str, Any]) -> None:
 
 
 def measure(cfg: Config, results: dict[str, Any]) -> None:
-    measure_stack(cfg, results)
+    if {"proxy", "sse", "tokens", "profile"} & set(cfg.sections):
+        measure_stack(cfg, results)
     if "redaction" in cfg.sections:
         log("3. redaction (bench/redact.py)")
         results["redaction"] = redaction(cfg)
     if "sources" in cfg.sections:
-        log("7. run-scoped credential sources (bench/sources.py)")
+        log("8. run-scoped credential sources (bench/sources.py)")
         argv = [sys.executable, "-m", "bench.sources", *(["--smoke"] if cfg.smoke else [])]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=1800, check=False,  # noqa: S603
                               cwd=REPO)
@@ -244,6 +249,9 @@ def measure(cfg: Config, results: dict[str, Any]) -> None:
         for n in cfg.replicas:
             log(f"5. revocation propagation, {n} replicas")
             results["revocation"].append(asyncio.run(revocation(n, cfg.trials)))
+    if "egress" in cfg.sections:
+        log("7. egress proxy (bench/egress.py)")
+        egress.measure(cfg.egress, results, log)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--doc", type=Path, help="splice the tables into this Markdown file")
     parser.add_argument("--out", type=Path, help="write the generated Markdown here")
     parser.add_argument("--json", type=Path, help="write the raw results here")
-    parser.add_argument("--rounds", type=int, help="rounds of table 1 (default 3)")
+    parser.add_argument("--rounds", type=int, help="rounds of tables 1 and 7 (default 3)")
     parser.add_argument("--sections", help=f"comma-separated subset of {','.join(SECTIONS)}")
     parser.add_argument("--render", type=Path, help="no measuring: render results saved by --json")
     parser.add_argument("--quiet-wait", type=float, default=None, metavar="SECONDS",
@@ -261,14 +269,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cfg = SMOKE if args.smoke else FULL
     if args.rounds:
-        cfg = replace(cfg, plan=replace(cfg.plan, rounds=args.rounds))
+        cfg = replace(cfg, plan=replace(cfg.plan, rounds=args.rounds),
+                      egress=replace(cfg.egress, rounds=args.rounds))
     if args.sections:
         cfg = replace(cfg, sections=tuple(s.strip() for s in args.sections.split(",")))
     if args.render:
         results: dict[str, Any] = json.loads(args.render.read_text())
     else:
         results = {"machine": docfile.machine(), "tools": {}, "skipped": [], "smoke": cfg.smoke,
-                   "command": "./scripts/bench" if not args.smoke else "python -m bench.run --smoke"}
+                   "command": "./scripts/bench" if not args.smoke else "python -m bench.run --smoke",
+                   "gateway_before": gateway_before(args.doc or REPO / "docs" / "benchmarks.md")}
         wait = args.quiet_wait if args.quiet_wait is not None else (0.0 if cfg.smoke else 600.0)
         if wait > 0:
             results["outside_cpu_before"] = round(wait_quiet(wait, log=log), 3)

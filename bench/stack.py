@@ -46,7 +46,7 @@ kind: runtime
 name: bench-agent
 identity: {{vault_policy: valetkey-runtime-bench-agent}}
 max_ttl: 24h
-max_grants: 4
+max_grants: 8
 allow:
   bench: [read, write]
 """
@@ -71,6 +71,9 @@ class BenchStack:
     gateways: int = 1
     workers: int = 1
     env_extra: dict[str, str] = field(default_factory=dict)
+    extra_policy: str = ""  # more YAML documents (table 7: the TLS upstream and tunnel destinations)
+    extra_allow: dict[str, list[str]] = field(default_factory=dict)  # granted to bench-agent too
+    broker_env: dict[str, str] = field(default_factory=dict)
     upstream_port: int = 0
     broker_url: str = ""
     gateway_urls: list[str] = field(default_factory=list)
@@ -100,7 +103,9 @@ class BenchStack:
         self.upstream_port = free_port()
         policy_dir = self.workdir / "policies"
         policy_dir.mkdir()
-        (policy_dir / "bench.yaml").write_text(POLICY.format(port=self.upstream_port))
+        allow = "".join(f"  {name}: [{', '.join(purposes)}]\n" for name, purposes in self.extra_allow.items())
+        text = POLICY.format(port=self.upstream_port) + allow + self.extra_policy
+        (policy_dir / "bench.yaml").write_text(text)
         policies = load_policy_dir(policy_dir)
         self.vault = DevVault.create(vault.addr, vault.root_token, policies)
         self.secret = self.vault.secrets[UPSTREAM]
@@ -114,11 +119,16 @@ class BenchStack:
         self.broker = self.spawn("broker", [sys.executable, "-m", "valetkey.cli", "broker", "serve",
                                             "--log-level", "warning"],
                                  {**self._common, "VAULT_TOKEN": self.vault.broker_token,
-                                  "VALETKEY_LISTEN": f"127.0.0.1:{broker_port}"})
+                                  "VALETKEY_LISTEN": f"127.0.0.1:{broker_port}", **self.broker_env})
         wait_http(f"{self.broker_url}/readyz", proc=self.broker)
         for _ in range(self.gateways):
             self.add_gateway(self.workers)
         return self
+
+    @property
+    def common_env(self) -> dict[str, str]:
+        """What every server of the stack is started with (Vault, Redis, issuer, policy dir)."""
+        return dict(self._common)
 
     def add_gateway(self, workers: int) -> str:
         """Start one more ``valetkey gateway serve`` with ``workers`` worker processes; its URL."""
@@ -134,13 +144,15 @@ class BenchStack:
         self.gateway_procs.append(proc)
         url = f"http://127.0.0.1:{port}"
         self.gateway_urls.append(url)
-        wait_http(f"{url}/.valetkey/readyz", proc=proc)
+        wait_http(f"{url}/.valetkey/readyz", seconds=90, proc=proc)  # workers start slowly on a busy box
         return url
 
-    def mint(self, purposes: tuple[str, ...] = ("read", "write"), ttl: str = "1h") -> dict[str, Any]:
+    def mint(self, purposes: tuple[str, ...] = ("read", "write"), ttl: str = "1h",
+             grants: list[dict[str, str]] | None = None) -> dict[str, Any]:
         if self.vault is None:
             raise RuntimeError("stack not started")
-        grants = [{"upstream": UPSTREAM, "purpose": p} for p in purposes]
+        if grants is None:
+            grants = [{"upstream": UPSTREAM, "purpose": p} for p in purposes]
         response = httpx.post(f"{self.broker_url}/v1/runs", json={"grants": grants, "ttl": ttl},
                               headers={"X-Vault-Token": self.vault.runtime_token("bench-agent")})
         response.raise_for_status()

@@ -30,7 +30,8 @@ class Goal:
         if value is None:
             return "not measured", "—"
         met = value >= self.limit if self.higher_is_better else value <= self.limit
-        shown = f"{value:,.0f}" if abs(value) >= 100 else f"{value:.2f}"
+        shown = (f"{value:,.0f}" if abs(value) >= 100 else f"{value:.2f}" if abs(value) >= 0.01 or not value
+                 else f"{value:.4f}")
         return ("met" if met else "**missed**"), f"{shown}{self.unit}"
 
 
@@ -67,6 +68,60 @@ GOALS = [
            lambda r: next(x["p99_ms"] for x in r["revocation"] if x["replicas"] == 8), " ms"),
     Goal("gateway ≤ 80 MB RSS idle (one worker)", 80.0, False,
            lambda r: float(r["memory"]["gateway_1_idle"]), " MB"),
+]
+
+
+def _egress(r: Results) -> dict[str, Any]:
+    raw: dict[str, Any] = r["egress"]["raw"]
+    return raw
+
+
+def added_over_direct(raw: dict[str, Any], way: str, kind: str, metric: str) -> list[float]:
+    """Per-round latency a way of table 7 adds over direct TLS (ms)."""
+    if way not in raw or "direct" not in raw:
+        return []
+    return [x - y for x, y in zip(raw[way][kind][metric], raw["direct"][kind][metric], strict=True)]
+
+
+def egress_ratios(raw: dict[str, Any], a: str, b: str, kind: str) -> list[float]:
+    if a not in raw or b not in raw:
+        return []
+    return [x / y for x, y in zip(raw[a][kind]["rps"], raw[b][kind]["rps"], strict=True) if y]
+
+
+def _gateway_unchanged(r: Results) -> float | None:
+    """Table 1's gateway p50 added over direct (small) now, minus the previous run's (ms)."""
+    before = r.get("gateway_before", {}).get("p50_added_small")
+    now = _median_or_none(added(_raw(r), "gateway-1", "small", "p50"))
+    return None if before is None or now is None else now - float(before)
+
+
+FREE_MS = 0.01  # a cached leaf is "free": a dictionary hit, under 10 µs
+
+def _terminate_added(kind: str) -> Callable[[Results], float | None]:
+    return lambda r: _median_or_none(added_over_direct(_egress(r), "valetkey-terminate", kind, "p50"))
+
+
+def _terminate_over_mitmproxy(r: Results) -> float | None:
+    return _median_or_none(egress_ratios(_egress(r), "valetkey-terminate", "mitmproxy-terminate", "small"))
+
+
+EGRESS_GOALS = [
+    Goal("terminate mode adds ≤ 2 ms p50 over direct TLS (small, keep-alive)", 2.0, False,
+         _terminate_added("small"), " ms"),
+    Goal("terminate mode adds ≤ 2 ms p50 over direct TLS (medium, keep-alive)", 2.0, False,
+         _terminate_added("medium"), " ms"),
+    Goal("terminate mode ≥ 3x mitmproxy's throughput (small)", 3.0, True, _terminate_over_mitmproxy, "x"),
+    Goal("tunnel mode ≥ 1 GB/s bulk (wall clock; the direct row is this machine's ceiling)", 1000.0, True,
+         lambda r: _median_or_none(r["egress"]["bulk"]["valetkey-tunnel"]["mb_per_s"]), " MB/s"),
+    Goal("tunnel mode ≥ 1 GB/s bulk per proxy CPU-second", 1000.0, True,
+         lambda r: _median_or_none(r["egress"]["bulk"]["valetkey-tunnel"]["mb_per_cpu_s"]), " MB/s"),
+    Goal("a new leaf certificate ≤ 5 ms (median)", 5.0, False,
+         lambda r: float(r["egress"]["mint"]["fresh_ms"]), " ms"),
+    Goal("a cached leaf certificate is free (≤ 0.01 ms)", FREE_MS, False,
+         lambda r: float(r["egress"]["mint"]["cached_ms"]), " ms"),
+    Goal("gateway mode unchanged: table 1's gateway p50 added over direct (small) within 0.5 ms of the "
+         "previous run", 0.5, False, _gateway_unchanged, " ms"),
 ]
 
 

@@ -1,7 +1,8 @@
 """A fast local upstream for benchmarks: small JSON GET, 64 KB POST answer, SSE with timestamps.
 
-Run: python -m bench.upstream PORT SECRET. It answers 401 unless ``Authorization: Bearer SECRET``
-arrives (so every benchmark run proves the upstream saw the injected secret).
+Run: python -m bench.upstream PORT SECRET [CERT KEY] (with CERT and KEY: TLS, for table 7).
+It answers 401 unless ``Authorization: Bearer SECRET`` arrives (so every benchmark run proves the
+upstream saw the injected secret).
 """
 
 from __future__ import annotations
@@ -56,7 +57,9 @@ def main() -> None:
     import uvicorn
 
     port, secret = int(sys.argv[1]), sys.argv[2]
-    uvicorn.run(make_app(secret), host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    cert, key = (sys.argv[3], sys.argv[4]) if len(sys.argv) > 4 else (None, None)
+    uvicorn.run(make_app(secret), host="127.0.0.1", port=port, log_level="warning", access_log=False,
+                ssl_certfile=cert, ssl_keyfile=key)
 
 
 if __name__ == "__main__":
