@@ -105,6 +105,18 @@ class Reason(StrEnum):
     DEST_MULTICAST = "dest_multicast"
     DEST_INVALID = "dest_invalid"
     DEST_UNRESOLVABLE = "dest_unresolvable"
+    # egress proxy (proxy/): which host a run may reach, and how the TLS inside a tunnel may look
+    DESTINATION_NOT_ALLOWED = "destination_not_allowed"  # no destination or upstream names the host
+    DESTINATION_IP_LITERAL = "destination_ip_literal"  # CONNECT or request to an address, not a name
+    DESTINATION_PORT_NOT_ALLOWED = "destination_port_not_allowed"
+    HOST_MISMATCH = "host_mismatch"  # Host inside a terminated tunnel is not the CONNECT host
+    RUN_MISMATCH = "run_mismatch"  # a placeholder of another run than the proxy credential's
+    SNI_MISSING = "sni_missing"  # a ClientHello without server_name
+    SNI_MISMATCH = "sni_mismatch"  # server_name is not the CONNECT host (domain fronting)
+    CLIENT_HELLO_INVALID = "client_hello_invalid"  # not a TLS ClientHello, or over its bound
+    CLIENT_HELLO_TIMEOUT = "client_hello_timeout"
+    TLS_HANDSHAKE_FAILED = "tls_handshake_failed"  # the client did not complete our TLS handshake
+    PROXY_CA_UNAVAILABLE = "proxy_ca_unavailable"  # the deployment CA could not be read from Vault
 
 
 class ValetkeyError(Exception):

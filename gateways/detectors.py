@@ -47,7 +47,11 @@ RETRIES = (0.2, 0.5, 1.0, 2.0, 5.0)
 NOT_A_DENIAL_SIGNAL = frozenset({"budget_exceeded", "run_concurrency_exceeded", "revocation_state_stale",
                                  "token_revoked", "client_disconnected", "jwks_stale", "jwks_unavailable"})
 PROBE_REASONS = frozenset({"purpose_not_granted", "audience_mismatch", "method_refused", "invalid_token",
-                           "absolute_form_target", "token_revoked"})
+                           "absolute_form_target", "token_revoked",
+                           # the egress proxy: knocking on hosts, ports and names outside the allowlist
+                           "destination_not_allowed", "destination_port_not_allowed",
+                           "destination_ip_literal", "sni_missing", "sni_mismatch", "host_mismatch",
+                           "run_mismatch"})
 
 # KEYS[1] window set; ARGV: member, window_ms → number of members inside the window
 _WINDOW = """

@@ -89,6 +89,11 @@ class Gateway:
             self._scanner = (self.secrets.version, CredentialScanner(extra_exact=self.secrets.all_values()))
         return self._scanner[1]
 
+    def share_forms(self, other: Gateway) -> None:
+        """Use ``other``'s compiled scanner and redactor while both hold the same secrets (the
+        egress proxy's destination hosts all scan and redact with one set)."""
+        self._scanner, self._redactor = other._scanner, other._redactor
+
     def redactor_is_current(self) -> bool:
         return self._redactor is not None and self._redactor[0] == self.secrets.version
 
@@ -104,7 +109,14 @@ class Gateway:
 
     @classmethod
     def build(cls, settings: GatewaySettings, upstream: Upstream, resolver: Resolver | None = None,
-              alerting: Alerting | None = None) -> Gateway:
+              alerting: Alerting | None = None, *, shared: Gateway | None = None,
+              dial_port: int | None = None, ca_file: str | None = None) -> Gateway:
+        """Everything one upstream needs. ``shared``: another gateway of the same process whose
+        Redis pool, JWKS cache, revocation watcher, audit, alerts and metrics this one uses (the
+        egress proxy runs one gateway per host over one set of those). ``dial_port``/``ca_file``:
+        the egress proxy's test resolver map and a destination's own CA bundle."""
+        if shared is not None:
+            return cls._beside(shared, settings, upstream, resolver, dial_port, ca_file)
         vault = VaultClient(settings.vault_addr, settings.vault_token or Secret(""))
         # one pool for budgets, audit, alerts and revocations, sized on purpose: a request waits
         # up to REDIS_POOL_WAIT for a free connection rather than failing at redis-py's cap
@@ -148,15 +160,43 @@ class Gateway:
             detectors=detectors, webhook=webhook,
         )
 
+    @classmethod
+    def _beside(cls, shared: Gateway, settings: GatewaySettings, upstream: Upstream,
+                resolver: Resolver | None, dial_port: int | None, ca_file: str | None) -> Gateway:
+        vault = VaultClient(settings.vault_addr, settings.vault_token or Secret(""))  # its own login
+        return cls(
+            settings=settings, upstream=upstream, vault=vault, redis=shared.redis,
+            secrets=SecretStore(vault, upstream.secret, role_id=settings.approle_role_id,
+                                secret_id=settings.approle_secret_id,
+                                secret_id_file=settings.approle_secret_id_file,
+                                refresh=settings.secret_refresh, max_stale=settings.secret_max_stale),
+            resolver=PinnedResolver(upstream.host, upstream.port, upstream.allow_private, resolver=resolver),
+            keys=shared.keys,
+            verifier=TokenVerifier(issuer=settings.issuer, audience=upstream.name, keys=shared.keys,
+                                   run_check=shared.revocations.run_check, leeway=settings.token_leeway),
+            client=UpstreamClient(upstream, connect=settings.connect_timeout, read=settings.read_timeout,
+                                  max_connections=settings.upstream_max_connections,
+                                  ca_file=ca_file or settings.upstream_ca_file, dial_port=dial_port),
+            audit=shared.audit, metrics=shared.metrics, http=shared.http, revocations=shared.revocations,
+            budgets=Budgets(shared.redis, upstream), slots=RunSlots(upstream.run_limits.concurrent),
+            detectors=shared.detectors, webhook=shared.webhook,
+        )
+
     async def start(self) -> None:
-        settings = self.settings
-        self.loop_errors = overload.install(asyncio.get_running_loop(), overload.needed_fds(
-            settings.max_connections, settings.upstream_max_connections, settings.redis_max_connections))
-        await self.revocations.start()
-        await self.webhook.start()
+        await self.start_shared()
         await self.secrets.start()
         await asyncio.to_thread(self.redactor)  # compile the forms now, not on the first request
         await self.resolver.start()
+
+    async def start_shared(self, upstreams: int = 1) -> None:
+        """The parts every upstream of a process can share (the egress proxy runs many on one):
+        fd limits, revocations, alert webhook, JWKS, audit, the metrics listener."""
+        settings = self.settings
+        self.loop_errors = overload.install(asyncio.get_running_loop(), overload.needed_fds(
+            settings.max_connections, settings.upstream_max_connections * upstreams,
+            settings.redis_max_connections))
+        await self.revocations.start()
+        await self.webhook.start()
         await self.keys.start()
         await self.audit.start()
         if self.settings.metrics_listen is not None:

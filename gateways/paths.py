@@ -42,13 +42,16 @@ def canonical_path(raw_path: bytes) -> CanonicalPath:
     if _BAD_ESCAPE.search(raw_path):
         raise _refuse("malformed percent-escape")
     segments: list[str] = []
-    for raw in raw_path[1:].split(b"/"):
+    parts = raw_path[1:].split(b"/")
+    for index, raw in enumerate(parts):
         decoded = unquote_to_bytes(raw)
         try:
             text = decoded.decode("utf-8")
         except UnicodeDecodeError:
             raise _refuse("segment is not UTF-8") from None
-        if text in ("", ".", ".."):
+        if text in (".", "..") or (text == "" and index < len(parts) - 1):
+            # one final empty segment is a trailing slash (`/simple/requests/`), kept as such:
+            # only a template that ends in '/' (or '/**') matches it
             raise _refuse("empty, '.' or '..' segment")
         if any(c in text for c in "/\\;%") or not text.isprintable():
             raise _refuse("encoded '/', '\\', ';', '%' or a control character in a segment")

@@ -273,10 +273,14 @@ STEPS: tuple[Callable[[Gateway, Exchange], Awaitable[None]], ...] = (
 )
 
 
-async def handle(gw: Gateway, ex: Exchange) -> None:
-    """Run the steps in order; render a refusal; always write the audit line."""
+Step = Callable[["Gateway", Exchange], Awaitable[None]]
+
+
+async def handle(gw: Gateway, ex: Exchange, steps: tuple[Step, ...] = STEPS) -> None:
+    """Run the steps in order; render a refusal; always write the audit line. The egress proxy
+    runs the same ``handle`` with its own step lists (``proxy/steps.py``)."""
     try:
-        for step in STEPS:
+        for step in steps:
             await step(gw, ex)
     except ValetkeyError as exc:
         ex.record.decision = Decision.of(exc)

@@ -87,16 +87,21 @@ class GatewayProtocol(HttpToolsProtocol):
     _began = False  # a byte of the current request has arrived
 
     def data_received(self, data: bytes) -> None:
-        # bytes that are neither head nor body (chunk framing, trailers) since the last body
-        # bytes: httptools buffers a trailer until its line ends, so this bounds that too
+        if not self.over_bound(data):
+            super().data_received(data)
+
+    def over_bound(self, data: bytes) -> bool:
+        """Bytes that are neither head nor body (chunk framing, trailers) since the last body
+        bytes: httptools buffers a trailer until its line ends, so this bounds that too. True
+        when over the bound (answered and closed)."""
         self._since_body += len(data)
-        if self._since_body > MAX_HEAD + READ_SLACK:
-            if self._in_head or self.cycle is None or self.cycle.response_complete:
-                self.send_400_response(f"request head or trailers over {MAX_HEAD} bytes")
-            else:
-                self.transport.close()  # a response is under way: no room for a 400
-            return
-        super().data_received(data)
+        if self._since_body <= MAX_HEAD + READ_SLACK:
+            return False
+        if self._in_head or self.cycle is None or self.cycle.response_complete:
+            self.send_400_response(f"request head or trailers over {MAX_HEAD} bytes")
+        else:
+            self.transport.close()  # a response is under way: no room for a 400
+        return True
 
     def on_body(self, body: bytes) -> None:
         self._since_body = 0

@@ -27,15 +27,18 @@ RESPONSE_DROPPED = HOP_BY_HOP | frozenset({
 class UpstreamClient:
     def __init__(
         self, upstream: Upstream, *, connect: float, read: float, max_connections: int = 256,
-        ca_file: str | None = None,
+        ca_file: str | None = None, dial_port: int | None = None,
     ) -> None:
+        """``dial_port``: the port to connect to when it is not the policy's (the egress proxy's
+        test-only resolver map); Host, SNI and certificate checks still use the policy's."""
         self.upstream = upstream
         tls: ssl.SSLContext | None = None
         if upstream.scheme == "https":
             # certificates are verified for the policy's hostname (sent as SNI), never the pinned IP
             tls = ssl.create_default_context(cafile=ca_file)
             tls.set_alpn_protocols(["http/1.1"])
-        self._pool = Pool(upstream.port, tls=tls, server_hostname=upstream.host, connect=connect, read=read,
+        self._pool = Pool(dial_port or upstream.port, tls=tls, server_hostname=upstream.host, connect=connect,
+                          read=read,
                           max_connections=max_connections)
         default_port = 443 if upstream.scheme == "https" else 80
         host = f"[{upstream.host}]" if ":" in upstream.host else upstream.host

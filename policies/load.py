@@ -1,6 +1,7 @@
 """Load policy YAML into validated objects, reporting every problem with file, rule and fix.
 
-Each YAML document has ``version: 1`` and ``kind: upstream`` or ``kind: runtime``. A directory is
+Each YAML document has ``version: 1`` and ``kind: upstream``, ``destination``, ``runtime`` or
+``alerts``. A directory is
 read recursively (``*.yaml``/``*.yml``, several documents per file allowed). Unknown keys are
 errors. Nothing half-valid is returned: any error raises ``PolicyLoadError`` listing all of them.
 """
@@ -13,10 +14,11 @@ from typing import Any
 
 import yaml
 
+import policies.destination_doc as destination_doc
 import policies.runtime_doc as runtime_doc
 import policies.upstream_doc as upstream_doc
 from policies.alerts_doc import alerts
-from policies.model import POLICY_VERSION, Alerting, PolicySet, Runtime, Upstream
+from policies.model import POLICY_VERSION, Alerting, Destination, PolicySet, Runtime, Upstream
 from policies.report import Problem, Report
 
 SHIPPED_POLICY_DIR = Path(__file__).resolve().parent
@@ -80,6 +82,7 @@ def load_policy_files(files: list[Path]) -> PolicySet:
     problems: list[Problem] = []
     upstreams: dict[str, Upstream] = {}
     runtimes: dict[str, Runtime] = {}
+    destinations: dict[str, Destination] = {}
     alerting: list[Alerting] = []
     for path in files:
         for index, doc in _documents(path, problems):
@@ -95,6 +98,10 @@ def load_policy_files(files: list[Path]) -> PolicySet:
                 upstream = upstream_doc.upstream(doc, report)
                 if upstream is not None:
                     _add_unique(upstreams, upstream.name, upstream, "upstream", report)
+            elif kind == "destination":
+                found_dest = destination_doc.destination(doc, report)
+                if found_dest is not None:
+                    _add_unique(destinations, found_dest.name, found_dest, "destination", report)
             elif kind == "runtime":
                 runtime = runtime_doc.runtime(doc, report)
                 if runtime is not None:
@@ -109,14 +116,17 @@ def load_policy_files(files: list[Path]) -> PolicySet:
             else:
                 report.add(
                     f"{where} kind", f"kind is {kind!r}",
-                    "set `kind: upstream`, `kind: runtime` or `kind: alerts`",
+                    "set `kind: upstream`, `kind: destination`, `kind: runtime` or `kind: alerts`",
                 )
     if not problems:
-        runtime_doc.cross_references(upstreams, runtimes, problems)
+        destination_doc.cross_references(upstreams, destinations, problems)
+    if not problems:
+        runtime_doc.cross_references(upstreams, runtimes, problems, destinations)
     if problems:
         raise PolicyLoadError(problems)
     return PolicySet(upstreams=MappingProxyType(upstreams), runtimes=MappingProxyType(runtimes),
-                     alerting=alerting[0] if alerting else Alerting())
+                     alerting=alerting[0] if alerting else Alerting(),
+                     destinations=MappingProxyType(destinations))
 
 
 def _version_ok(doc: dict[Any, Any], where: str, report: Report) -> bool:

@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 from types import MappingProxyType
 
+from policies.destinations import DestinationIndex, Entry, Route
+from policies.hosts import HostPattern
 from policies.templates import PathTemplate
 
 POLICY_VERSION = 1
@@ -135,6 +138,39 @@ class Upstream:
         return self.base_url
 
 
+class TlsMode(StrEnum):
+    """What the proxy does with a destination's TLS: pass it through, or terminate and read it."""
+
+    TUNNEL = "tunnel"  # hostname-only rule: SNI checked, bytes spliced, nothing inside seen
+    TERMINATE = "terminate"  # the proxy's CA signs a leaf; methods and paths are checked
+
+
+CONNECT_PURPOSE = "connect"  # the one grantable purpose of a tunnel destination
+PLAIN_HTTP_PORT = 80  # a destination port the proxy always reads as plain HTTP
+
+
+@dataclass(frozen=True)
+class Destination:
+    """A host (exact or ``*.suffix``) the sandbox may reach through the proxy, without a secret.
+
+    ``purposes`` holds every grantable purpose: for ``tunnel`` exactly one, ``connect``, which has
+    no methods or paths (it matches no request; the proxy never sees one inside a tunnel).
+    """
+
+    name: str
+    host: HostPattern
+    ports: frozenset[int]
+    tls: TlsMode
+    why: str
+    purposes: Mapping[str, Purpose]
+    ca_file: str = ""  # absolute path of a PEM bundle verifying this destination (terminate)
+    allow_private: bool = False
+    source: str = ""
+
+
+Target = Upstream | Destination  # what covers a (host, port): upstreams are always terminate
+
+
 @dataclass(frozen=True)
 class Identity:
     """How a runtime is recognised from its Vault token lookup: any one field set."""
@@ -154,6 +190,7 @@ class Runtime:
     source: str = ""
 
     def may_grant(self, upstream: str, purpose: str) -> bool:
+        """``upstream`` names an upstream or a destination."""
         return purpose in self.allow.get(upstream, frozenset())
 
 
@@ -196,3 +233,24 @@ class PolicySet:
     upstreams: Mapping[str, Upstream] = field(default_factory=lambda: MappingProxyType({}))
     runtimes: Mapping[str, Runtime] = field(default_factory=lambda: MappingProxyType({}))
     alerting: Alerting = field(default_factory=Alerting)
+    destinations: Mapping[str, Destination] = field(default_factory=lambda: MappingProxyType({}))
+
+    def target(self, name: str) -> Target | None:
+        """The upstream or destination called ``name`` (names are unique across both)."""
+        return self.upstreams.get(name) or self.destinations.get(name)
+
+    @cached_property
+    def _index(self) -> DestinationIndex[Target]:
+        entries: list[Entry[Target]] = [
+            Entry(HostPattern.exact(u.host), frozenset({u.port}), u) for u in self.upstreams.values()
+        ]
+        entries.extend(Entry(d.host, d.ports, d) for d in self.destinations.values())
+        return DestinationIndex(entries)
+
+    def route(self, host: str, port: int) -> Route[Target]:
+        """The upstream or destination covering ``host:port``, or why none does (see
+        ``policies.destinations``); built once per policy set, no I/O."""
+        return self._index.route(host, port)
+
+    def destination_for(self, host: str, port: int) -> Target | None:
+        return self.route(host, port).target

@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any
 
-from policies.model import Identity, Runtime, Upstream
+from policies.model import Destination, Identity, Runtime, Upstream
 from policies.report import Problem, Report, description, keys, label, mapping, string
 from policies.units import parse_duration
 from policies.upstream_doc import NAME
@@ -75,17 +75,21 @@ def _allow(value: Any, rule: str, r: Report) -> dict[str, frozenset[str]] | None
 
 
 def cross_references(
-    upstreams: dict[str, Upstream], runtimes: dict[str, Runtime], problems: list[Problem]
+    upstreams: dict[str, Upstream], runtimes: dict[str, Runtime], problems: list[Problem],
+    destinations: dict[str, Destination] | None = None,
 ) -> None:
-    """Runtimes name only existing upstreams and purposes; identities and env vars are unique."""
+    """Runtimes name only existing upstreams or destinations and their purposes (a tunnel
+    destination's one purpose is ``connect``); identities and env vars are unique."""
     seen_identity: dict[Identity, str] = {}
+    targets: dict[str, Upstream | Destination] = {**(destinations or {}), **upstreams}
     for rt in runtimes.values():
         r = Report(rt.source, problems)
         for up_name, purposes in rt.allow.items():
-            up = upstreams.get(up_name)
+            up = targets.get(up_name)
             if up is None:
-                r.add(f"runtime {rt.name} allow", f"unknown upstream {up_name!r}",
-                      f"use one of {sorted(upstreams)}")
+                kinds = "upstream or destination" if destinations else "upstream"
+                r.add(f"runtime {rt.name} allow", f"unknown {kinds} {up_name!r}",
+                      f"use one of {sorted(targets)}")
                 continue
             for p in sorted(purposes - set(up.purposes)):
                 r.add(f"runtime {rt.name} allow {up_name}", f"unknown purpose {p!r}",

@@ -62,7 +62,7 @@ def upstream(doc: dict[str, Any], r: Report) -> Upstream | None:
     secret = _secret(doc["secret"], f"{rule} secret", r)
     injection = _injection(doc["inject"], f"{rule} inject", r)
     env = _env(doc["env"], f"{rule} env", r)
-    purposes = _purposes(doc["purposes"], rule, r)
+    purposes = purpose_table(doc["purposes"], rule, r)
     allow_private = doc.get("allow_private", False)
     if not isinstance(allow_private, bool):
         r.add(f"{rule} allow_private", "expected true or false", "write `allow_private: false`")
@@ -205,7 +205,7 @@ def _env(value: Any, rule: str, r: Report) -> SandboxEnv | None:
     return SandboxEnv(placeholder=placeholder, base_url=base_url, base_path=base_path)
 
 
-def _purposes(value: Any, rule: str, r: Report) -> dict[str, Purpose] | None:
+def purpose_table(value: Any, rule: str, r: Report) -> dict[str, Purpose] | None:
     doc = mapping(value, f"{rule} purposes", r)
     if doc is None:
         return None

@@ -10,8 +10,11 @@ What it ensures (``created`` when missing, ``updated`` when valetkey's own objec
                valetkey-gateway-<upstream> (read of that upstream's secret, nothing else), from the
                HCL in ``valetkey/hcl/`` (package data); each runtime's own ``vault_policy`` is created from
                ``runtime.hcl`` when missing and never overwritten (it may be the operator's)
-  roles        AppRole valetkey-broker, valetkey-gateway-<upstream> and each runtime's
-               ``approle_role``; token role valetkey-run (orphan, not renewable) for per-run tokens
+  roles        AppRole valetkey-broker, valetkey-gateway-<upstream>, valetkey-proxy and each
+               runtime's ``approle_role``; token role valetkey-run (orphan, not renewable) for
+               per-run tokens
+  proxy CA     the egress proxy's deployment CA and its public certificates, and the policy
+               valetkey-proxy (``valetkey/proxy_bootstrap.py``)
 
 Foreign errors (hvac, requests) are translated into the valetkey family; no token is in a message.
 """
@@ -32,6 +35,7 @@ import hvac.exceptions
 
 from contract.errors import BadRequest, Reason, Unauthenticated, Unavailable, UpstreamError
 from policies.model import PolicySet
+from valetkey.proxy_bootstrap import PROXY_POLICY, PROXY_ROLE, ca_paths, ensure_ca, proxy_rules
 
 HCL_DIR = Path(__file__).resolve().parent / "hcl"  # package data: installed with valetkey
 BROKER_POLICY = "valetkey-broker"
@@ -47,7 +51,7 @@ DEFAULT_RUN_MAX_TTL = 3600
 # Vault lower-cases policy names and puts role names in URLs: keep both to a plain alphabet.
 VAULT_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,127}$")
 RESERVED_POLICIES = frozenset({"root", "default", BROKER_POLICY, ADMIN_POLICY, RUN_POLICY,
-                               RUNTIME_POLICY})
+                               RUNTIME_POLICY, PROXY_POLICY})
 
 
 def gateway_name(upstream: str) -> str:
@@ -156,6 +160,8 @@ def bootstrap(
             _ensure_engine(client, report, mount, "kv", {"version": "2"})
         _ensure_engine(client, report, lay.transit_mount, "transit", {})
         _ensure_transit_key(client, report, lay)
+    with vault_errors(addr, "create the proxy CA"):
+        ensure_ca(client, report, lay.kv_mount, Action)
     with vault_errors(addr, "enable AppRole auth"):
         _ensure_approle_auth(client, report, lay.approle_mount)
     with vault_errors(addr, "write ACL policies"):
@@ -164,6 +170,7 @@ def bootstrap(
     with vault_errors(addr, "write AppRole and token roles"):
         service_ttls = {"token_ttl": SERVICE_TOKEN_TTL, "token_max_ttl": SERVICE_TOKEN_MAX_TTL}
         _ensure_approle(client, report, lay, BROKER_POLICY, [BROKER_POLICY], service_ttls)
+        _ensure_approle(client, report, lay, PROXY_ROLE, [PROXY_POLICY], service_ttls)
         for up in policies.upstreams.values():
             name = gateway_name(up.name)
             _ensure_approle(client, report, lay, name, [name], service_ttls)
@@ -183,13 +190,16 @@ def _policy_documents(
     policies: PolicySet, lay: Layout, hcl_dir: Path
 ) -> list[tuple[str, str, bool]]:
     """(policy name, HCL, owned by valetkey) for every ACL policy bootstrap ensures."""
-    names = {"transit": lay.transit_mount, "key": lay.key_name, "run_role": lay.run_role}
+    names = {"transit": lay.transit_mount, "key": lay.key_name, "run_role": lay.run_role,
+             **ca_paths(lay.kv_mount)}
     runtime_hcl = _read(hcl_dir, "runtime.hcl")
     docs = [
         (BROKER_POLICY, _render(hcl_dir, "broker.hcl.tmpl", names), True),
         (ADMIN_POLICY, _render(hcl_dir, "admin.hcl.tmpl", names), True),
         (RUN_POLICY, _read(hcl_dir, "run.hcl"), True),
         (RUNTIME_POLICY, runtime_hcl, True),
+        (PROXY_POLICY, _render(hcl_dir, "proxy.hcl.tmpl",
+                               {**ca_paths(lay.kv_mount), "upstream_rules": proxy_rules(policies)}), True),
     ]
     for up in policies.upstreams.values():
         values = {"upstream": up.name, "secret_path": up.secret.api_path}
@@ -208,7 +218,7 @@ def _check_names(policies: PolicySet, lay: Layout) -> None:
     for value in (lay.kv_mount, lay.transit_mount, lay.key_name, lay.approle_mount, lay.run_role):
         if not VAULT_NAME.fullmatch(value):
             raise BadRequest(f"Vault name {value!r} must match {VAULT_NAME.pattern}")
-    own_roles = {BROKER_POLICY} | {gateway_name(u) for u in policies.upstreams}
+    own_roles = {BROKER_POLICY, PROXY_ROLE} | {gateway_name(u) for u in policies.upstreams}
     for rt in policies.runtimes.values():
         ident = rt.identity
         for kind, value, reserved in (

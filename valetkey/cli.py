@@ -13,6 +13,7 @@ from valetkey.broker_cli import broker_group, keys_group, run_group
 from valetkey.cli_support import CONTEXT
 from valetkey.dev.stack import dev_command
 from valetkey.gateway_cli import gateway_group
+from valetkey.proxy_cli import proxy_group
 from valetkey.secret_cli import secret_group
 from valetkey.selftest import selftest_command
 
@@ -39,13 +40,18 @@ def policy_check(directory: Path) -> None:
             click.echo(f"error: {problem}", err=True)
         click.echo(f"{len(exc.problems)} problem(s) in {directory}", err=True)
         sys.exit(1)
-    if not policies.upstreams and not policies.runtimes:
+    if not policies.upstreams and not policies.runtimes and not policies.destinations:
         click.echo(f"error: no policy documents in {directory} (expected *.yaml files with "
-                   "kind: upstream or kind: runtime)", err=True)
+                   "kind: upstream, kind: destination or kind: runtime)", err=True)
         sys.exit(1)
     for up in policies.upstreams.values():
         flag = "  allow_private: true" if up.allow_private else ""
         click.echo(f"upstream {up.name}: {up.base_url} purposes={sorted(up.purposes)}{flag}")
+    for dest in policies.destinations.values():
+        flags = "".join(f"  {flag}" for flag, on in (
+            ("allow_private: true", dest.allow_private), (f"ca_file: {dest.ca_file}", dest.ca_file)) if on)
+        click.echo(f"destination {dest.name}: {dest.host} ports={sorted(dest.ports)} tls={dest.tls} "
+                   f"purposes={sorted(dest.purposes)}{flags}")
     for rt in policies.runtimes.values():
         allowed = {k: sorted(v) for k, v in rt.allow.items()}
         click.echo(f"runtime {rt.name}: max_ttl={rt.max_ttl}s allow={allowed}")
@@ -53,7 +59,8 @@ def policy_check(directory: Path) -> None:
     thresholds = ", ".join(f"{k}={t.count}/{t.window}s" for k, t in alerting.thresholds.items())
     click.echo(f"alerts: {thresholds}; auto_revoke={sorted(k.value for k in alerting.auto_revoke)}"
                + (f"; webhook={alerting.webhook_url}" if alerting.webhook_url else ""))
-    click.echo(f"ok: {len(policies.upstreams)} upstream(s), {len(policies.runtimes)} runtime(s)")
+    click.echo(f"ok: {len(policies.upstreams)} upstream(s), {len(policies.destinations)} "
+               f"destination(s), {len(policies.runtimes)} runtime(s)")
 
 
 @main.group()
@@ -108,7 +115,7 @@ def vault_bootstrap(policy_dir: Path | None, hcl_dir: Path | None) -> None:
         click.echo(line)
 
 
-for command in (broker_group, run_group, keys_group, gateway_group, secret_group, dev_command,
+for command in (broker_group, run_group, keys_group, gateway_group, proxy_group, secret_group, dev_command,
                 selftest_command, *ADMIN_COMMANDS):
     main.add_command(command)
 

@@ -11,6 +11,8 @@ on the sandbox's own network rules (1, 3, 4) only report what this process could
     5 credentials   environment and usual credential files hold no long-lived credential
     6 alert         a burst of denied requests raises an alert that reaches the receiver
     7 placeholder   a placeholder is useless at any other gateway, and after the run ends
+    8 proxy         (when the bundle names an egress proxy) an outside host is refused there, logged,
+                    and the proxy wants the run's credential (``valetkey/selftest_proxy.py``)
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import click
 import httpx
 
 from gateways.credential_scan import CredentialScanner
+from valetkey import selftest_proxy
 
 DEFAULT_PROBES = ("169.254.169.254:80", "[fd00:ec2::254]:80", "100.100.100.200:80", "127.0.0.1:22",
                   "127.0.0.1:80", "127.0.0.1:6379", "127.0.0.1:8200", "[::1]:80", "10.0.0.1:80",
@@ -129,7 +132,9 @@ def check_bypass(opts: Options, gateways: list[Gateway], client: httpx.Client) -
             result.evidence.append(f"{base}: reachable directly (HTTP {response.status_code})")
         except httpx.HTTPError as exc:
             result.evidence.append(f"{base}: unreachable ({type(exc).__name__})")
-    if not gateways:
+    if not gateways and selftest_proxy.proxy_of(opts.env) is not None:
+        result.evidence.append("no gateway in VALETKEY_GATEWAYS: egress is through the proxy only")
+    elif not gateways:
         result.passed = False
         result.evidence.append("no gateway found in VALETKEY_GATEWAYS")
     return result
@@ -294,8 +299,13 @@ def run(opts: Options) -> list[Result]:
         results = [check_bypass(opts, gateways, client), check_outside_host(opts, gateways, client),
                    check_dns(opts), check_private(opts), check_credentials(opts)]
         _, after_end = check_placeholder(opts, gateways, client)
+        if selftest_proxy.proxy_of(opts.env) is not None:  # before the run ends: its credential works
+            passed, evidence = selftest_proxy.check(opts.env, opts.outside_url, opts.timeout)
+            proxy_result = Result(8, "egress proxy: outside host refused and logged", passed, evidence)
         results.append(check_alert(opts, gateways, client, run_id))
         results.append(after_end())
+        if selftest_proxy.proxy_of(opts.env) is not None:
+            results.append(proxy_result)
         if notes:
             results[0].evidence.extend(notes)
     return results

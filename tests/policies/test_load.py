@@ -116,6 +116,56 @@ BROKEN_CASES = [
                  "'max_tokens' is not a credential-named field", id="allow-fields-not-credential"),
     pytest.param("allow-fields-not-list", f"{PURPOSE} allow_fields", "expected a list of field names",
                  id="allow-fields-not-list"),
+    pytest.param('destination-ip-literal', 'destination pkgs host', "'10.0.0.1' is an IP literal",
+                 id='destination-ip-literal'),
+    pytest.param('destination-ipv6-literal', 'destination pkgs host', "'[::1]' is an IP literal",
+                 id='destination-ipv6-literal'),
+    pytest.param('destination-numeric-host', 'destination pkgs host', "'2130706433' is an IP literal",
+                 id='destination-numeric-host'),
+    pytest.param('destination-upper-case', 'destination pkgs host', 'is not lower case',
+                 id='destination-upper-case'),
+    pytest.param('destination-trailing-dot', 'destination pkgs host', 'ends with a dot',
+                 id='destination-trailing-dot'),
+    pytest.param('destination-wildcard-middle', 'destination pkgs host', "'*' other than a leading '*.'",
+                 id='destination-wildcard-middle'),
+    pytest.param('destination-wildcard-tld', 'destination pkgs host', 'covers a whole top-level domain',
+                 id='destination-wildcard-tld'),
+    pytest.param('destination-bad-host', 'destination pkgs host', 'is not a DNS name',
+                 id='destination-bad-host'),
+    pytest.param('destination-tls-bad', 'destination pkgs tls', "'passthrough' is not tunnel or terminate",
+                 id='destination-tls-bad'),
+    pytest.param('destination-tunnel-purposes', 'destination pkgs purposes', 'a tunnel destination has no purposes',
+                 id='destination-tunnel-purposes'),
+    pytest.param('destination-terminate-no-purposes', 'destination pkgs', "missing key 'purposes'",
+                 id='destination-terminate-no-purposes'),
+    pytest.param('destination-tunnel-port-80', 'destination pkgs ports', 'port 80 is plain HTTP',
+                 id='destination-tunnel-port-80'),
+    pytest.param('destination-port-zero', 'destination pkgs ports', '0 is not a port number 1..65535',
+                 id='destination-port-zero'),
+    pytest.param('destination-port-twice', 'destination pkgs ports', 'a port is named twice',
+                 id='destination-port-twice'),
+    pytest.param('destination-ca-file-tunnel', 'destination pkgs ca_file', 'verified by the client',
+                 id='destination-ca-file-tunnel'),
+    pytest.param('destination-ca-file-missing', 'destination pkgs ca_file', 'nosuch.pem: FileNotFoundError',
+                 id='destination-ca-file-missing'),
+    pytest.param('destination-purpose-connect', 'destination pkgs purpose connect', 'implicit purpose of tunnel destinations',
+                 id='destination-purpose-connect'),
+    pytest.param('destination-path-tail-middle', 'destination pkgs purpose read paths[0]', "'/docs/**/x' contains a wildcard",
+                 id='destination-path-tail-middle'),
+    pytest.param('destination-without-why', 'destination pkgs', "missing key 'why'",
+                 id='destination-without-why'),
+    pytest.param('destination-unknown-key', 'destination pkgs', "unknown key 'port'",
+                 id='destination-unknown-key'),
+    pytest.param('destination-duplicate-name', 'destination pkgs', 'duplicate destination name',
+                 id='destination-duplicate-name'),
+    pytest.param('destination-wildcard-clash', 'destination again host', '*.example.com:443 is also destination pkgs',
+                 id='destination-wildcard-clash'),
+    pytest.param('destination-name-clash-upstream', 'destination demo', 'name also used by upstream demo',
+                 id='destination-name-clash-upstream'),
+    pytest.param('destination-host-clash-upstream', 'destination pkgs host', 'api.example.com:443 is also upstream demo',
+                 id='destination-host-clash-upstream'),
+    pytest.param('runtime-unknown-destination-purpose', 'runtime demo-agent allow pkgs', "unknown purpose 'install'",
+                 id='runtime-unknown-destination-purpose'),
 ]
 
 
@@ -265,7 +315,9 @@ def test_shipped_runtimes_grant_only_declared_purposes() -> None:
 
     for rt in policy.runtimes.values():
         for upstream, purposes in rt.allow.items():
-            assert purposes <= set(policy.upstreams[upstream].purposes), (rt.name, upstream)
+            target = policy.target(upstream)
+            assert target is not None, (rt.name, upstream)
+            assert purposes <= set(target.purposes), (rt.name, upstream)
 
 
 def _path(raw: str) -> PathTemplate:

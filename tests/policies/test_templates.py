@@ -20,7 +20,17 @@ from policies.templates import PathTemplate, TemplateError, value_widens
         pytest.param("/v1/items#top", "fragment", id="fragment"),
         pytest.param("/v1/%2e%2e/admin", "escape", id="percent-escape"),
         pytest.param("/v1//items", "empty segment", id="double-slash"),
-        pytest.param("/v1/items/", "empty segment", id="trailing-slash"),
+        pytest.param("/v1/items//", "empty segment", id="two-trailing-slashes"),
+        pytest.param("/**", "at least one literal segment", id="tail-alone"),
+        pytest.param("/{a}/**", "at least one literal segment", id="tail-after-param-only"),
+        pytest.param("/{a}/", "at least one literal segment", id="trailing-slash-param-only"),
+        pytest.param("/v1/**/x", "wildcard", id="tail-not-last"),
+        pytest.param("/v1/a**", "wildcard", id="tail-glued-to-text"),
+        pytest.param("/v1/***", "wildcard", id="three-stars"),
+        pytest.param("/v1/**/**", "wildcard", id="two-tails"),
+        pytest.param("/v1/**/", "wildcard", id="tail-then-slash"),
+        pytest.param("/v1//**", "empty segment", id="tail-after-empty-segment"),
+        pytest.param("/v1/*", "wildcard", id="single-star-tail"),
         pytest.param("/v1/../admin", "'.' or '..' segment", id="dotdot"),
         pytest.param("/v1/./items", "'.' or '..' segment", id="dot"),
         pytest.param("/..", "'.' or '..' segment", id="only-dotdot"),
@@ -66,9 +76,33 @@ def test_parse_rejects(raw: str, message: str) -> None:
 def test_parse_accepts(raw: str, segments: tuple[str | None, ...], names: tuple[str, ...]) -> None:
     template = PathTemplate.parse(raw)
 
+    assert not template.tail
+
     assert (template.raw, template.segments, template.names) == (raw, segments, names)
     assert template.params == frozenset(names)
     assert str(template) == raw
+
+
+@pytest.mark.parametrize(
+    ("raw", "segments", "names"),
+    [
+        pytest.param("/packages/**", ("packages",), (), id="literal-tail"),
+        pytest.param("/repos/{owner}/{repo}/**", ("repos", None, None), ("owner", "repo"),
+                     id="params-then-tail"),
+        pytest.param("/a/b/c/**", ("a", "b", "c"), (), id="deep-tail"),
+    ],
+)
+def test_parse_accepts_a_tail(raw: str, segments: tuple[str | None, ...], names: tuple[str, ...]) -> None:
+    template = PathTemplate.parse(raw)
+
+    assert (template.segments, template.names, template.tail) == (segments, names, True)
+    assert str(template) == raw
+
+
+def test_trailing_slash_is_a_final_empty_segment() -> None:
+    template = PathTemplate.parse("/simple/{package}/")
+
+    assert (template.segments, template.tail) == (("simple", None, ""), False)
 
 
 ISSUE = "/repos/{owner}/{repo}/issues/{number}"
@@ -104,6 +138,53 @@ OCTO = {"owner": "octo", "repo": "hello"}
 def test_matches(template: str, path: str, bound: Mapping[str, str], expected: bool) -> None:
     segments = tuple(path.split("/")) if path else ()
 
+    assert PathTemplate.parse(template).matches(segments, bound) is expected
+
+
+PKG = "/packages/**"
+REPO_TAIL = "/repos/{owner}/{repo}/**"
+SIMPLE = "/simple/{package}/"
+
+
+@pytest.mark.parametrize(
+    ("template", "segments", "bound", "expected"),
+    [
+        pytest.param(PKG, ("packages",), {}, True, id="tail-zero-segments"),
+        pytest.param(PKG, ("packages", "a"), {}, True, id="tail-one-segment"),
+        pytest.param(PKG, ("packages", "a", "b", "c.whl"), {}, True, id="tail-many-segments"),
+        pytest.param(PKG, ("packages", "a", ""), {}, True, id="tail-trailing-slash"),
+        pytest.param(PKG, ("packages", ""), {}, True, id="tail-directory-itself"),
+        pytest.param(PKG, (), {}, False, id="tail-root"),
+        pytest.param(PKG, ("packagesX",), {}, False, id="tail-never-a-prefix-of-a-segment"),
+        pytest.param(PKG, ("packagesX", "a"), {}, False, id="tail-longer-first-segment"),
+        pytest.param(PKG, ("Packages", "a"), {}, False, id="tail-case-sensitive"),
+        pytest.param(PKG, ("other", "packages"), {}, False, id="tail-other-prefix"),
+        pytest.param(PKG, ("packages", "..", "admin"), {}, False, id="tail-dotdot"),
+        pytest.param(PKG, ("packages", "a", ".."), {}, False, id="tail-dotdot-last"),
+        pytest.param(PKG, ("packages", "."), {}, False, id="tail-dot"),
+        pytest.param(PKG, ("packages", "", "a"), {}, False, id="tail-empty-middle"),
+        pytest.param(PKG, ("packages", "a", "", ""), {}, False, id="tail-two-trailing-slashes"),
+        pytest.param(PKG, ("packages", "a/../../admin"), {}, False, id="tail-decoded-slash"),
+        pytest.param(REPO_TAIL, ("repos", "octo", "hello", "pulls", "1"), OCTO, True,
+                     id="tail-after-bound-params"),
+        pytest.param(REPO_TAIL, ("repos", "octo", "hello"), OCTO, True, id="tail-bound-zero"),
+        pytest.param(REPO_TAIL, ("repos", "evil", "hello", "pulls"), OCTO, False,
+                     id="tail-bound-differs"),
+        pytest.param(REPO_TAIL, ("repos", "octo"), OCTO, False, id="tail-prefix-too-short"),
+        pytest.param(REPO_TAIL, ("repos", "octo", "hello", "x"), {"owner": "..", "repo": "hello"},
+                     False, id="tail-widening-bound-value"),
+        pytest.param(REPO_TAIL, ("repos", "", "hello"), {}, False, id="tail-unbound-empty"),
+        pytest.param(SIMPLE, ("simple", "requests", ""), {}, True, id="trailing-slash"),
+        pytest.param(SIMPLE, ("simple", "requests"), {}, False, id="trailing-slash-missing"),
+        pytest.param(SIMPLE, ("simple", "requests", "", ""), {}, False, id="trailing-slash-twice"),
+        pytest.param(SIMPLE, ("simple", "requests", "x"), {}, False, id="trailing-slash-longer"),
+        pytest.param(SIMPLE, ("simple", "", ""), {}, False, id="trailing-slash-empty-param"),
+        pytest.param("/v1/items", ("v1", "items", ""), {}, False, id="no-slash-template-refuses-slash"),
+    ],
+)
+def test_tail_and_trailing_slash_matching(
+    template: str, segments: tuple[str, ...], bound: Mapping[str, str], expected: bool
+) -> None:
     assert PathTemplate.parse(template).matches(segments, bound) is expected
 
 

@@ -11,7 +11,9 @@ from typing import Any
 import hvac.exceptions
 import pytest
 from click.testing import CliRunner
+from cryptography.hazmat.primitives import hashes
 
+from contract.ca import CA_PATH, CA_PUBLIC_PATH, load_certs, material_from_kv
 from contract.errors import BadRequest, Reason, Unauthenticated, Unavailable, ValetkeyError
 from policies.model import Identity, PolicySet, Runtime
 from valetkey.bootstrap import (
@@ -36,6 +38,8 @@ def _token(bv: DevVault, who: str) -> str:
         return bv.gateway_token(name)
     if kind == "runtime":
         return bv.runtime_token(name)
+    if kind == "proxy":
+        return bv.proxy_token()
     return {"broker": bv.broker_token, "admin": bv.admin_token, "root": bv.root_token}[kind]
 
 
@@ -57,6 +61,14 @@ def _sign(client: Any, bv: DevVault) -> Any:
 
 def _read_key(client: Any, bv: DevVault) -> Any:
     return client.secrets.transit.read_key(name=KEY)["data"]["type"]
+
+
+def _read_kv(path: str) -> Callable[[Any, DevVault], Any]:
+    def read(client: Any, bv: DevVault) -> Any:
+        return client.secrets.kv.v2.read_secret_version(
+            path=path, mount_point="secret", raise_on_deleted_version=True)["data"]["data"]
+
+    return read
 
 
 def _lookup_runtime(client: Any, bv: DevVault) -> Any:
@@ -82,6 +94,8 @@ OPERATIONS: dict[str, Callable[[Any, DevVault], Any]] = {
     "read-key": _read_key,
     "lookup-token": _lookup_runtime,
     "list-policies": _list_policies,
+    "read-ca": _read_kv(CA_PATH),
+    "read-ca-public": _read_kv(CA_PUBLIC_PATH),
 }
 
 ALLOWED = [
@@ -93,6 +107,12 @@ ALLOWED = [
     pytest.param("admin", "lookup-token", id="admin-looks-up-callers"),
     pytest.param("admin", "read-key", id="admin-reads-key-for-keys-list"),
     pytest.param("admin", "list-policies", id="admin-lists-policies"),
+    *[pytest.param("proxy", f"read-{u}", id=f"proxy-reads-{u}")
+      for u in ("github", "github-git", "openai", "anthropic", "slack")],
+    pytest.param("proxy", "read-ca", id="proxy-reads-ca"),
+    pytest.param("proxy", "read-ca-public", id="proxy-reads-ca-public"),
+    pytest.param("broker", "read-ca-public", id="broker-reads-ca-public"),
+    pytest.param("admin", "read-ca-public", id="admin-reads-ca-public"),
 ]
 
 FORBIDDEN = [
@@ -116,6 +136,14 @@ FORBIDDEN = [
     pytest.param("runtime:notifier", "lookup-token", id="notifier-not-lookup"),
     pytest.param("runtime:coding-agent", "read-github", id="coding-agent-not-read-secret"),
     pytest.param("runtime:coding-agent", "sign", id="coding-agent-not-sign"),
+    # the proxy reads the CA and the upstream secrets, nothing else
+    *[pytest.param("proxy", op, id=f"proxy-not-{op}")
+      for op in ("list-secrets", "sign", "read-key", "lookup-token", "list-policies")],
+    pytest.param("broker", "read-ca", id="broker-not-read-ca-key"),
+    pytest.param("admin", "read-ca", id="admin-not-read-ca-key"),
+    pytest.param("gateway:github", "read-ca", id="gateway-not-read-ca"),
+    pytest.param("gateway:github", "read-ca-public", id="gateway-not-read-ca-public"),
+    pytest.param("runtime:coding-agent", "read-ca", id="coding-agent-not-read-ca"),
 ]
 
 
@@ -123,7 +151,11 @@ FORBIDDEN = [
 def test_identity_may(bootstrapped_vault: DevVault, who: str, operation: str) -> None:
     with open_client(bootstrapped_vault.addr, _token(bootstrapped_vault, who)) as client:
         result = OPERATIONS[operation](client, bootstrapped_vault)
-    if operation.startswith("read-") and operation != "read-key":
+    if operation == "read-ca":
+        assert material_from_kv(result).key_pem  # a usable CA: cert and key belong together
+    elif operation == "read-ca-public":
+        assert load_certs(result["certs"])
+    elif operation.startswith("read-") and operation != "read-key":
         assert result == bootstrapped_vault.secrets[operation.removeprefix("read-")]
     else:
         assert result
@@ -159,6 +191,18 @@ CAPABILITIES = [
     pytest.param("admin", f"transit/keys/{KEY}/rotate", ["update"], id="admin-rotates"),
     pytest.param("admin", f"transit/keys/{KEY}/config", ["update"], id="admin-configures"),
     pytest.param("admin", "sys/policies/acl/valetkey-broker", ["read"], id="admin-reads-policy"),
+    pytest.param("proxy", "secret/data/valetkey/proxy/ca", ["read"], id="proxy-reads-ca-only"),
+    pytest.param("proxy", "secret/data/valetkey/upstreams/github", ["read"], id="proxy-reads-upstream"),
+    pytest.param("proxy", "secret/data/valetkey/upstreams/other", ["deny"], id="proxy-no-other-secret"),
+    pytest.param("proxy", "secret/data/valetkey/proxy/ca-other", ["deny"], id="proxy-no-ca-sibling"),
+    pytest.param("proxy", "secret/metadata/valetkey/proxy/ca", ["deny"], id="proxy-no-ca-metadata"),
+    pytest.param("proxy", "secret/data/anything", ["deny"], id="proxy-no-secrets"),
+    pytest.param("proxy", "auth/token/create", ["deny"], id="proxy-no-tokens"),
+    pytest.param("proxy", f"transit/sign/{KEY}", ["deny"], id="proxy-no-sign"),
+    pytest.param("broker", "secret/data/valetkey/proxy/ca-public", ["read"], id="broker-reads-ca-public"),
+    pytest.param("broker", "secret/data/valetkey/proxy/ca", ["deny"], id="broker-no-ca-key"),
+    pytest.param("admin", "secret/data/valetkey/proxy/ca", ["create", "update"],
+                 id="admin-writes-ca-without-reading"),
 ]
 
 
@@ -182,6 +226,10 @@ def test_first_run_created_everything(bootstrapped_vault: DevVault) -> None:
         ("policy", "valetkey-runtime"),
         ("policy", "valetkey-runtime-notifier"),
         ("approle role", "valetkey-broker"),
+        ("policy", "valetkey-proxy"),
+        ("approle role", "valetkey-proxy"),
+        ("proxy CA", "secret/valetkey/proxy/ca"),
+        ("proxy CA", "secret/valetkey/proxy/ca-public"),
         ("approle role", "valetkey-runtime-coding-agent"),
         ("token role", "valetkey-run"),
         *{("policy", f"valetkey-gateway-{u}") for u in bootstrapped_vault.policies.upstreams},
@@ -433,3 +481,50 @@ def test_bad_hcl_fails_before_any_write(
         assert fragment in info.value.detail
         with pytest.raises(hvac.exceptions.InvalidPath):
             client.adapter.get("/v1/auth/token/roles/another-run-role")
+
+
+def test_proxy_ca_rotation_keeps_the_previous_certificate(bootstrapped_vault: DevVault) -> None:
+    from valetkey.proxy_bootstrap import read_public, rotate_ca
+
+    bv = bootstrapped_vault
+    with open_client(bv.addr, bv.root_token) as client:
+        before = load_certs(read_public(client))[0]
+    with open_client(bv.addr, bv.admin_token) as admin:  # the security team rotates
+        rotation = rotate_ca(admin)
+        public = load_certs(read_public(admin))
+    with open_client(bv.addr, bv.proxy_token()) as proxy:
+        current = material_from_kv(_read_kv(CA_PATH)(proxy, bv))
+
+    assert rotation.public_certs == 2
+    assert [c.fingerprint(hashes.SHA256()) for c in public[1:]] == [before.fingerprint(hashes.SHA256())]
+    assert load_certs(current.cert_pem)[0] == public[0] != before
+    again = bootstrap_vault(bv.addr, bv.root_token, bv.policies)  # bootstrap keeps the rotated CA
+    assert {(s.name, s.action) for s in again.steps if s.kind == "proxy CA"} == {
+        ("secret/valetkey/proxy/ca", Action.PRESENT), ("secret/valetkey/proxy/ca-public", Action.PRESENT)}
+    with open_client(bv.addr, bv.admin_token) as admin:
+        rotate_ca(admin)
+        assert len(load_certs(read_public(admin))) == 2  # only the one previous certificate stays
+
+
+def test_bootstrap_repairs_a_lost_public_ca(bootstrapped_vault: DevVault) -> None:
+    bv = bootstrapped_vault
+    with open_client(bv.addr, bv.root_token) as client:
+        client.secrets.kv.v2.delete_metadata_and_all_versions(path=CA_PUBLIC_PATH, mount_point="secret")
+        report = bootstrap(client, bv.policies)
+        ca = material_from_kv(_read_kv(CA_PATH)(client, bv))
+        public = _read_kv(CA_PUBLIC_PATH)(client, bv)["certs"]
+
+    assert ("secret/valetkey/proxy/ca-public", Action.CREATED) in {(s.name, s.action) for s in report.steps}
+    assert public == ca.cert_pem
+
+
+def test_proxy_policy_names_every_upstream_secret_and_the_ca() -> None:
+    from policies.load import SHIPPED_POLICY_DIR, load_policy_dir
+    from valetkey.bootstrap import _policy_documents
+
+    policies = load_policy_dir(SHIPPED_POLICY_DIR)
+    hcl = dict((n, h) for n, h, _ in _policy_documents(policies, Layout(), HCL_DIR))["valetkey-proxy"]
+    paths = sorted(line.split('"')[1] for line in hcl.splitlines() if line.startswith("path "))
+
+    assert paths == sorted({"secret/data/valetkey/proxy/ca", "secret/data/valetkey/proxy/ca-public",
+                            *(u.secret.api_path for u in policies.upstreams.values())})

@@ -40,6 +40,8 @@ def test_dev_stack_up_demo_and_clean_stop(tmp_path: Path) -> None:
         assert "OPENAI_API_KEY=" in text
         assert "Try it, in another shell:" in text
         assert "GITHUB_TOKEN=" in text
+        proxy = next(line.split()[1] for line in text.splitlines() if line.strip().startswith("proxy "))
+        assert httpx.get(f"{proxy}/.valetkey/readyz", timeout=5).json()["status"] == "ready"
         commands = [line.strip().split("   #")[0].strip() for line in text.splitlines()
                      if line.strip().startswith(("set -a", "curl "))]
         assert len(commands) == 4, text

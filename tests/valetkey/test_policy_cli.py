@@ -32,8 +32,10 @@ def test_shipped_policies_pass() -> None:
     code, out, err = check("policies")
 
     assert (code, err) == (0, "")
-    assert out.splitlines()[-1] == "ok: 5 upstream(s), 2 runtime(s)"
+    assert out.splitlines()[-1] == "ok: 5 upstream(s), 4 destination(s), 2 runtime(s)"
     assert "upstream github: https://api.github.com purposes=" in out
+    assert "destination pypi: pypi.org ports=[443] tls=tunnel purposes=['connect']" in out
+    assert "destination python-docs: docs.python.org ports=[443] tls=terminate purposes=['read']" in out
     assert "runtime notifier: max_ttl=1800s" in out
 
 
@@ -44,7 +46,7 @@ def test_valid_fixtures_pass_and_flag_allow_private() -> None:
     assert code == 0
     assert "upstream weather: http://weather.example.com:8080 purposes=['current']" in out
     assert "allow_private: true" in out
-    assert out.splitlines()[-1] == "ok: 2 upstream(s), 1 runtime(s)"
+    assert out.splitlines()[-1] == "ok: 2 upstream(s), 0 destination(s), 1 runtime(s)"
 
 
 @pytest.mark.usefixtures("in_repo")
@@ -105,7 +107,7 @@ def test_console_script_passes_shipped_policies() -> None:
     result = run_console_script("policy", "check", "policies")
 
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[-1] == "ok: 5 upstream(s), 2 runtime(s)"
+    assert result.stdout.splitlines()[-1] == "ok: 5 upstream(s), 4 destination(s), 2 runtime(s)"
 
 
 def test_console_script_fails_on_broken_fixture() -> None:

@@ -60,6 +60,7 @@ class DevStack:
     demo: bool
     echo: Any = click.echo
     children: list[Child] = field(default_factory=list)
+    proxy_port: int = 8480  # the egress proxy; 0 (or --gateway-port 0) picks a free port
 
     def _ports(self, names: tuple[str, ...], offset: int) -> dict[str, int]:
         """Consecutive ports from --gateway-port (+ offset), or free ones when it is 0."""
@@ -79,7 +80,10 @@ class DevStack:
                 known = sorted(policies.upstreams)
                 raise ServiceError(f"no upstream {unknown} in {policy_dir}; known: {known}")
             gateways = self._ports(names, 0)
+            if self.proxy_port == 0 or self.gateway_port == 0:
+                self.proxy_port = free_port()
             check_ports({"vault": self.vault_port, "redis": self.redis_port, "broker": self.broker_port,
+                         "proxy": self.proxy_port,
                          **{f"gateway {n}": p for n, p in gateways.items()},
                          **{f"demo upstream {n}": p for n, p in demo_ports.items()}})
             vault, redis = OpenBaoDev(port=self.vault_port), RedisServer(port=self.redis_port)
@@ -94,6 +98,7 @@ class DevStack:
                 self._demo_upstreams(stack, dev_vault, demo_ports)
             broker_url = self._broker(dev_vault, redis.url, policy_dir, gateways)
             self._gateways(dev_vault, redis.url, policy_dir, broker_url, gateways)
+            self._proxy(dev_vault, redis.url, policy_dir, broker_url)
             DevState(os.getpid(), broker_url, redis.url, vault.addr, str(policy_dir.resolve()),
                      {n: f"http://{LOOPBACK}:{p}" for n, p in gateways.items()}).write(self.workdir)
             self._summary(dev_vault, broker_url, redis.url, gateways, time.monotonic() - started)
@@ -146,7 +151,9 @@ class DevStack:
         url = f"http://{LOOPBACK}:{self.broker_port}"
         env = {**self._common_env(vault, redis_url, policy_dir), "VAULT_TOKEN": vault.broker_token,
                "VALETKEY_LISTEN": f"{LOOPBACK}:{self.broker_port}",
-               "VALETKEY_GATEWAY_URLS": ",".join(f"{n}=http://{LOOPBACK}:{p}" for n, p in gateways.items())}
+               "VALETKEY_GATEWAY_URLS": ",".join(f"{n}=http://{LOOPBACK}:{p}" for n, p in gateways.items()),
+               # bundles name the gateways (base URLs) and the egress proxy (everything else)
+               "VALETKEY_PROXY_URL": f"http://{LOOPBACK}:{self.proxy_port}", "VALETKEY_EGRESS": "both"}
         self._start(Child("broker", valetkey_argv("broker", "serve"), env, f"{url}/readyz",
                           self.workdir / "broker.log"))
         return url
@@ -170,6 +177,14 @@ class DevStack:
             child.wait_ready()
         self.echo(f"  ready (logs {self.workdir}/gateway-*.log)")
 
+    def _proxy(self, vault: DevVault, redis_url: str, policy_dir: Path, broker_url: str) -> None:
+        env = {**self._common_env(vault, redis_url, policy_dir), "VAULT_TOKEN": vault.proxy_token(),
+               "VALETKEY_BROKER_URL": broker_url, "VALETKEY_PROXY_LISTEN": f"{LOOPBACK}:{self.proxy_port}",
+               "VALETKEY_SECRET_REFRESH": os.environ.get("VALETKEY_SECRET_REFRESH", DEV_SECRET_REFRESH)}
+        self._start(Child("egress proxy", valetkey_argv("proxy", "serve"), env,
+                          f"http://{LOOPBACK}:{self.proxy_port}/.valetkey/readyz",
+                          self.workdir / "proxy.log"))
+
     def _summary(self, vault: DevVault, broker_url: str, redis_url: str, gateways: dict[str, int],
                  took: float) -> None:
         self.echo("")
@@ -179,6 +194,7 @@ class DevStack:
         self.echo(f"  broker    {broker_url}")
         for name, port in gateways.items():
             self.echo(f"  gateway   {name:<11} http://{LOOPBACK}:{port}")
+        self.echo(f"  proxy     http://{LOOPBACK}:{self.proxy_port}  (HTTPS_PROXY of every run's bundle)")
         self.echo(f"  redis     {redis_url}")
         self.echo(f"  vault     {vault.addr}  (root token in {self.workdir / ROOT_TOKEN_FILE})")
         self.echo(f"  state     {self.workdir}  (logs, tokens, dev.json: where the CLI finds this stack)")
@@ -312,14 +328,16 @@ class DevStack:
 @click.option("--broker-port", type=int, default=8400, show_default=True, help="Broker port.")
 @click.option("--gateway-port", type=int, default=8410, show_default=True,
               help="First gateway port (demo upstreams from this + 100); 0 picks free ports.")
+@click.option("--proxy-port", type=int, default=8480, show_default=True,
+              help="Egress proxy port; 0 picks a free port.")
 @click.option("--no-demo", is_flag=True, help="Do not mint a demo run.")
 def dev_command(upstreams: str, policy_dir: Path | None, state_dir_option: Path | None, vault_port: int,
-                redis_port: int, broker_port: int, gateway_port: int, no_demo: bool) -> None:
+                redis_port: int, broker_port: int, gateway_port: int, proxy_port: int, no_demo: bool) -> None:
     """Run the local stack: OpenBao, Redis, bootstrap, demo upstreams, broker, gateways, a demo run."""
     workdir = state_dir(state_dir_option)
     names = tuple(n.strip() for n in upstreams.split(",") if n.strip())
     stack = DevStack(workdir, vault_port, redis_port, broker_port, gateway_port, names, policy_dir,
-                     demo=not no_demo)
+                     demo=not no_demo, proxy_port=proxy_port)
     try:
         stack.run()
     except (ValetkeyError, PolicyLoadError) as exc:

@@ -24,6 +24,7 @@ from valetkey.bootstrap import (
     open_client,
     vault_errors,
 )
+from valetkey.proxy_bootstrap import PROXY_POLICY
 
 DEV_IDENTITY_TTL = "24h"
 
@@ -89,6 +90,11 @@ class DevVault:
             raise BadRequest(f"unknown upstream {upstream!r}; known: {sorted(self.policies.upstreams)}")
         with open_client(self.addr, self.root_token) as client:
             return _create_token(client, gateway_name(upstream))
+
+    def proxy_token(self) -> str:
+        """A fresh token with policy ``valetkey-proxy`` (the egress proxy's identity)."""
+        with open_client(self.addr, self.root_token) as client:
+            return _create_token(client, PROXY_POLICY)
 
     def runtime_token(self, runtime: str) -> str:
         """A fresh token that identifies ``runtime`` the way its policy says.

@@ -1,0 +1,119 @@
+"""Deciding a CONNECT (and a plain-http request's target): who asks, for which host, granted or not.
+
+    await admit(hub, host, port, headers, record) -> Admission    the steps, in order:
+        target      a DNS name                     destination_ip_literal, invalid_request
+        credential  Proxy-Authorization Basic      missing_token, invalid_token, token_revoked,
+                    (password = the run token)     audience_mismatch, revocation_state_stale… (407)
+        route       a destination names host:port  destination_not_allowed, destination_port_not_allowed
+                    (asked only for a verified run: the allowlist is not shown to strangers)
+        grant       the run holds a purpose there  purpose_not_granted
+        egress      the address the name pins      dest_* (the egress guard), dest_unresolvable
+
+Nothing is dialled before all of them pass. Each refusal is a ``ValetkeyError`` whose reason code
+goes unchanged into the 407/403 body, the audit line and the metric.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass, replace
+
+from contract.claims import AccessClaims, GrantClaim
+from contract.errors import BadRequest, Forbidden, Reason, TokenInvalid, Unauthenticated, ValetkeyError
+from contract.verify import TokenVerifier
+from gateways.audit import AuditRecord
+from gateways.credentials import Headers
+from gateways.egress import PinnedTarget
+from gateways.gateway import Gateway
+from policies.hosts import is_ip_literal
+from proxy.hub import Hub
+from proxy.routes import Route, route
+
+REALM = "valetkey proxy"
+CHALLENGE = f'Basic realm="{REALM}"'
+TUNNEL_KEY = "valetkey.tunnel"  # the ASGI scope key of a request's Admission
+
+
+@dataclass(frozen=True)
+class Admission:
+    route: Route
+    token: str
+    claims: AccessClaims  # the proxy credential's, its grants narrowed to this route's
+    gateway: Gateway
+    target: PinnedTarget
+    verifier: TokenVerifier  # the proxy credential's, to check it again on every request
+
+
+def parse_authority(authority: bytes) -> tuple[str, int]:
+    """``host:port`` of a CONNECT (RFC 9110 §9.3.6: the port is required)."""
+    text = authority.decode("latin-1")
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536 or not host:
+        raise BadRequest("CONNECT needs host:port", Reason.INVALID_REQUEST)
+    return host, int(port)
+
+
+def credential(headers: Headers) -> str:
+    """The run token from ``Proxy-Authorization: Basic base64(anything:token)``."""
+    values = [v for k, v in headers if k == b"proxy-authorization"]
+    if len(values) != 1:
+        raise _challenge(Unauthenticated("send the run's proxy credential (the HTTPS_PROXY of its bundle)",
+                                         Reason.MISSING_TOKEN))
+    scheme, _, encoded = values[0].decode("latin-1").strip().partition(" ")
+    try:
+        decoded = base64.b64decode(encoded.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        decoded = ""
+    _, sep, token = decoded.partition(":")
+    if scheme.lower() != "basic" or not sep or not token:
+        raise _challenge(Unauthenticated("Proxy-Authorization must be Basic with the run token as password",
+                                         Reason.MISSING_TOKEN))
+    return token
+
+
+def _challenge(exc: Unauthenticated) -> Unauthenticated:
+    exc.headers = {"proxy-authenticate": CHALLENGE}
+    return exc
+
+
+def proxy_status(exc: ValetkeyError) -> int | None:
+    """A proxy answers an unauthenticated request 407 (RFC 9110 §15.5.8), not 401."""
+    return 407 if isinstance(exc, Unauthenticated) else None
+
+
+async def verify(hub: Hub, token: str, record: AuditRecord) -> AccessClaims:
+    """The proxy credential verified for the proxy's audience and a live run (407 when not)."""
+    try:
+        claims = await hub.verifier.verify(token)
+    except TokenInvalid as exc:
+        if exc.claims is not None:
+            record.run, record.runtime = exc.claims.sub, exc.claims.client_id
+        raise _challenge(exc) from None
+    record.run, record.runtime = claims.sub, claims.client_id
+    return claims
+
+
+def narrowed(claims: AccessClaims, name: str) -> AccessClaims:
+    """The grants spelled ``name/purpose``, as the purposes of ``name`` (what ``authorize`` reads)."""
+    prefix = name + "/"
+    grants = tuple(GrantClaim(g.purpose[len(prefix):], g.params) for g in claims.grants
+                   if g.purpose.startswith(prefix))
+    return replace(claims, grants=grants)
+
+
+async def admit(hub: Hub, host: str, port: int, headers: Headers, record: AuditRecord) -> Admission:
+    if is_ip_literal(host):
+        raise Forbidden("destinations are named, never addressed: an IP literal is refused",
+                        Reason.DESTINATION_IP_LITERAL)
+    token = credential(headers)
+    verified = await verify(hub, token, record)
+    target = route(hub.policies, host, port)  # after the credential: the allowlist is not for strangers
+    record.upstream = target.name
+    claims = narrowed(verified, target.name)
+    if not claims.grants:
+        raise Forbidden(f"this run holds no purpose at {target.name}", Reason.PURPOSE_NOT_GRANTED)
+    gateway = await hub.gateway(target)
+    pinned = gateway.resolver.current()
+    record.upstream_addr = f"{pinned.address}:{target.port}"
+    return Admission(target, token, claims, gateway, pinned, hub.verifier)

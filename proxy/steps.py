@@ -1,0 +1,95 @@
+"""The proxy's step lists: the gateway pipeline's own steps, with the tunnel's checks in front.
+
+    UPSTREAM_STEPS     (a credentialed upstream's host)
+        check_request → check_tunnel → refuse_passthrough → authenticate → same_run → authorize
+        → refuse_credential_fields → hold_run_slot → charge_budget → read_body → inject_secret
+        → dial_and_stream
+    DESTINATION_STEPS  (a destination's host, terminated or plain http)
+        check_request → check_tunnel → refuse_passthrough → authenticate_tunnel → authorize
+        → refuse_credential_fields → hold_run_slot → charge_budget → read_body
+        → strip_credentials → dial_and_stream
+
+``check_tunnel`` holds every request to its tunnel: ``Host`` names the CONNECT host, and the run's
+proxy credential is verified again (expiry, revocation) on each request, not only on the CONNECT.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from contract.errors import BadRequest, Forbidden, Reason, TokenInvalid
+from gateways import pipeline as p
+from gateways.credentials import forwarded_headers
+from gateways.exchange import Exchange
+from proxy.connect import TUNNEL_KEY, Admission, narrowed
+
+if TYPE_CHECKING:
+    from gateways.gateway import Gateway
+
+
+
+def admission_of(ex: Exchange) -> Admission:
+    admission = ex.scope.get(TUNNEL_KEY)
+    if not isinstance(admission, Admission):
+        raise TokenInvalid("no proxy credential for this request", check="pipeline")
+    return admission
+
+
+def _host_port(value: bytes, default_port: int) -> tuple[str, int]:
+    text = value.decode("latin-1").strip().lower()
+    host, sep, port = text.rpartition(":")
+    if sep and port.isdigit() and "]" not in port:
+        return host.rstrip("."), int(port)
+    return text.rstrip("."), default_port
+
+
+async def check_tunnel(gw: Gateway, ex: Exchange) -> None:
+    """The request is for the tunnel's host, and the run's proxy credential still holds.
+    Reasons: host_mismatch, duplicate_host, invalid_token, token_revoked, revocation_state_stale."""
+    admission = admission_of(ex)
+    hosts = ex.header(b"host")
+    if len(hosts) > 1:
+        raise BadRequest("more than one Host header", Reason.DUPLICATE_HOST)
+    route = admission.route
+    default_port = 80 if route.plain else 443
+    if len(hosts) != 1 or _host_port(hosts[0], default_port) != (route.host, route.port):
+        raise BadRequest(f"Host must name {route.host}, the host this tunnel was opened for",
+                         Reason.HOST_MISMATCH)
+    claims = await admission.verifier.verify(admission.token)
+    ex.record.run, ex.record.runtime = claims.sub, claims.client_id
+
+
+async def authenticate_tunnel(gw: Gateway, ex: Exchange) -> None:
+    """A destination's requests carry no placeholder: the run is the proxy credential's, and
+    its purposes are those granted at this destination. Fills claims."""
+    admission = admission_of(ex)
+    claims = await admission.verifier.verify(admission.token)
+    ex.claims = narrowed(claims, admission.route.name)
+    ex.record.run, ex.record.runtime = claims.sub, claims.client_id
+
+
+async def same_run(gw: Gateway, ex: Exchange) -> None:
+    """The placeholder is of the run the proxy credential names. Reason: run_mismatch."""
+    if ex.claims is None or ex.claims.sub != admission_of(ex).claims.sub:
+        raise Forbidden("the placeholder belongs to another run than the proxy credential",
+                        Reason.RUN_MISMATCH)
+
+
+async def strip_credentials(gw: Gateway, ex: Exchange) -> None:
+    """A destination gets no secret: every client credential and routing header is removed,
+    and the body comes back unencoded so it can be redacted. Fills upstream_headers."""
+    headers = forwarded_headers(ex.headers, gw.upstream.injection)
+    ex.upstream_headers = [*headers, (b"accept-encoding", b"identity")]
+    ex.upstream_query = ex.query
+
+
+UPSTREAM_STEPS: tuple[p.Step, ...] = (
+    p.check_request, check_tunnel, p.refuse_passthrough, p.authenticate, same_run, p.authorize,
+    p.refuse_credential_fields, p.hold_run_slot, p.charge_budget, p.read_body, p.inject_secret,
+    p.dial_and_stream,
+)
+DESTINATION_STEPS: tuple[p.Step, ...] = (
+    p.check_request, check_tunnel, p.refuse_passthrough, authenticate_tunnel, p.authorize,
+    p.refuse_credential_fields, p.hold_run_slot, p.charge_budget, p.read_body, strip_credentials,
+    p.dial_and_stream,
+)

@@ -1,0 +1,169 @@
+"""Tunnel mode: the ClientHello's server name is checked, then the bytes pass unread both ways.
+
+    await tunnel(hub, admission, transport, first, record)
+
+Before anything is dialled the ClientHello must arrive whole within the hello timeout and name the
+CONNECT host (``sni_missing``, ``sni_mismatch``, ``client_hello_invalid``,
+``client_hello_timeout``: the connection is closed, nothing went upstream). Then the pinned
+address is dialled, the ClientHello sent on, and the two connections spliced with flow control
+(a side whose peer cannot keep up stops being read). The tunnel ends when either side closes, or
+when its run is revoked (the revocation watcher cancels the task holding it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from contract.errors import BadRequest, GatewayTimeout, Reason, TokenInvalid, UpstreamError
+from gateways.audit import AuditRecord
+from proxy.clienthello import server_name
+from proxy.connect import Admission
+from proxy.hub import Hub
+
+HIGH_WATER = 1024 * 1024
+
+
+class _Side(asyncio.Protocol):
+    """One side of a tunnel: what it reads is written to its peer."""
+
+    def __init__(self, done: asyncio.Future[None], counter: list[int]) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.peer: _Side | None = None
+        self.done = done
+        self.counter = counter  # [bytes read on this side]
+        self.pending = bytearray()  # read before the peer existed (the hello)
+        self.eof = False
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        transport.set_write_buffer_limits(high=HIGH_WATER)
+
+    def data_received(self, data: bytes) -> None:
+        self.counter[0] += len(data)
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.write(data)
+        else:
+            self.pending += data
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        peer = self.peer
+        if peer is None or peer.transport is None or peer.eof or not peer.transport.can_write_eof():
+            if not self.done.done():  # both directions have ended (or cannot half-close): done
+                self.done.set_result(None)
+            return False
+        peer.transport.write_eof()
+        return True  # half-close: the other direction may still be sending
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def pause_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.resume_reading()
+
+
+class _Hello(_Side):
+    """The client side while the ClientHello arrives."""
+
+    def __init__(self, done: asyncio.Future[None], counter: list[int], first: bytes) -> None:
+        super().__init__(done, counter)
+        self.pending += first
+        self.more = asyncio.Event()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self.more.set()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self.more.set()
+
+
+async def read_hello(side: _Hello, host: str, within: float) -> None:
+    """Wait for a whole ClientHello naming ``host``; raises the refusal otherwise."""
+    try:
+        async with asyncio.timeout(within):
+            while True:
+                hello = server_name(bytes(side.pending))
+                if hello.complete:
+                    break
+                side.more.clear()
+                if side.done.done():
+                    raise BadRequest("the client closed before its ClientHello ended",
+                                     Reason.CLIENT_HELLO_INVALID)
+                await side.more.wait()
+    except TimeoutError:
+        raise BadRequest(f"no ClientHello within {within:g}s", Reason.CLIENT_HELLO_TIMEOUT) from None
+    if hello.sni is None:
+        raise BadRequest("the ClientHello names no server (SNI); tunnels are by name only",
+                         Reason.SNI_MISSING)
+    if hello.sni != host:
+        raise BadRequest("the ClientHello names another host than the CONNECT", Reason.SNI_MISMATCH)
+
+
+async def hello(client: asyncio.Transport, first: bytes, host: str, within: float) -> bytes:
+    """Read the client's ClientHello (terminate mode): it must name ``host``. Returns every byte
+    read, for the TLS layer that takes the connection over; reading is paused again."""
+    loop = asyncio.get_running_loop()
+    side = _Hello(loop.create_future(), [0], first)
+    side.connection_made(client)
+    client.set_protocol(side)
+    client.resume_reading()
+    try:
+        await read_hello(side, host, within)
+    finally:
+        client.pause_reading()
+    return bytes(side.pending)
+
+
+async def tunnel(hub: Hub, admission: Admission, client: asyncio.Transport, first: bytes,
+                 record: AuditRecord) -> None:
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    sent, received = [0], [0]
+    near = _Hello(done, sent, first)
+    near.connection_made(client)
+    client.set_protocol(near)
+    client.resume_reading()
+    upstream: asyncio.Transport | None = None
+    try:
+        await read_hello(near, admission.route.host, hub.settings.hello_timeout)
+        dial = hub.settings.connect_to.get((admission.route.host, admission.route.port))
+        port = dial[1] if dial else admission.route.port
+        far = _Side(done, received)
+        try:
+            async with asyncio.timeout(hub.settings.gateway.connect_timeout):
+                upstream, _ = await loop.create_connection(lambda: far, admission.target.address, port)
+        except TimeoutError:
+            raise GatewayTimeout("the destination did not accept a connection in time",
+                                 Reason.UPSTREAM_CONNECT_TIMEOUT) from None
+        except OSError:
+            raise UpstreamError("the destination refused the connection",
+                                Reason.UPSTREAM_UNREACHABLE) from None
+        near.peer, far.peer = far, near
+        upstream.write(bytes(near.pending))
+        near.pending.clear()
+        record.status = 200
+        untrack = hub.base.revocations.track(admission.claims)
+        try:
+            async with asyncio.timeout(max(0.0, admission.claims.exp - time.time())):
+                await done
+        except TimeoutError:  # the run's token expired: so does its tunnel
+            raise TokenInvalid("the run's proxy credential expired while its tunnel was open",
+                               check="expired") from None
+        finally:
+            untrack()
+    finally:
+        record.bytes_in, record.bytes_out = sent[0], received[0]
+        client.close()
+        if upstream is not None:
+            upstream.close()
+
