@@ -32,11 +32,11 @@ from broker.callers import Caller
 from broker.grants import parse_run_request
 from broker.openapi import OPENAPI
 from broker.reaper import Reaper
+from broker.run_tokens import run_claims
 from broker.runs import RunRecord, describe, new_run_id
 from broker.services import Services, authenticate, event, services
 from broker.settings import BrokerSettings
 from contract import audit_stream
-from contract.claims import AccessClaims
 from contract.errors import Forbidden, NotFound, Reason, ValetkeyError, render
 from contract.jwks import jwks_from_transit
 from policies.model import PolicySet
@@ -48,33 +48,31 @@ async def create_run(request: Request) -> Response:
     svc = services(request)
     caller = await authenticate(request)
     runtime = caller.require_runtime()
-    run_request = parse_run_request(
-        await read_json_object(request), runtime, svc.policies, svc.settings.default_ttl
-    )
+    run_request = parse_run_request(await read_json_object(request), runtime, svc.policies,
+                                    svc.settings.default_ttl, proxy=svc.settings.proxy.enabled)
     block = await svc.revocations.blocking(runtime.name, run_request.by_upstream)
     if block is not None:
         raise Forbidden(f"minting is revoked ({block.key}): {block.why}", Reason.REVOKED)
+    # from memory (refreshed in the background); refused before anything is signed or stored
+    ca_pem = svc.proxy_trust.bundle_pem() if svc.proxy_trust is not None else None
     run_id, now = new_run_id(), int(time.time())
-    claims = [
-        AccessClaims.new(
-            issuer=svc.settings.issuer, run_id=run_id, audience=upstream, runtime=runtime.name,
-            grants=grants, now=now, ttl=run_request.ttl,
-        )
-        for upstream, grants in run_request.by_upstream.items()
-    ]
-    tokens = await svc.signer.sign(claims)
+    claims = run_claims(request=run_request, policies=svc.policies, proxy=svc.settings.proxy,
+                        issuer=svc.settings.issuer, run_id=run_id, runtime=runtime.name, now=now,
+                        key_name=svc.settings.signing_key)
+    tokens = dict(zip(claims.audiences, await svc.signer.sign(claims.all()), strict=True))
     record = RunRecord(
         run_id=run_id, runtime=runtime.name, grants=run_request.grant_list(), created=now,
-        expires=now + run_request.ttl, audiences=list(run_request.by_upstream),
+        expires=now + run_request.ttl, audiences=claims.audiences,
     )
     await svc.runs.create(record)
     event("run_created", run=run_id, runtime=runtime.name, grants=record.grants,
-          expires=record.expires, jtis=[c.jti for c in claims])
+          expires=record.expires, jtis=[c.jti for c in claims.all()])
     await audit_stream.append(svc.redis, {"event": "run_created", "run": run_id, "runtime": runtime.name,
                                       "grants": record.grants, "expires": record.expires, "time": now},
                           kind="run", maxlen=svc.settings.audit_maxlen)
-    body = bundle.render(record, dict(zip(run_request.by_upstream, tokens, strict=True)),
-                         svc.policies, svc.settings)
+    proxy_token = tokens.pop(svc.settings.proxy.audience) if claims.proxy is not None else None
+    body = bundle.render(record, tokens, svc.policies, svc.settings,
+                         bundle.ProxyPart(proxy_token, ca_pem) if proxy_token and ca_pem else None)
     return JSONResponse(body, status_code=201, headers={"Cache-Control": "no-store"})
 
 
@@ -172,9 +170,13 @@ def create_app(settings: BrokerSettings, policies: PolicySet | None = None) -> S
         app.state.services = svc
         reaper = Reaper(svc)
         await reaper.start()
+        if svc.proxy_trust is not None:
+            await svc.proxy_trust.start()
         try:
             yield
         finally:
+            if svc.proxy_trust is not None:
+                await svc.proxy_trust.stop()
             await reaper.stop()
             await svc.aclose()
 

@@ -1,27 +1,63 @@
-"""The run bundle: what a sandbox runtime injects into the sandbox as environment variables."""
+"""The run bundle: what a sandbox runtime injects into the sandbox (environment and files).
+
+Without a proxy: per upstream, placeholder var = that upstream's token, base-URL var = its gateway.
+With a proxy (``VALETKEY_PROXY_URL``) the bundle also carries
+
+* ``HTTPS_PROXY``/``HTTP_PROXY`` (and lower case) = ``http://run:<proxy token>@host:port``,
+  ``VALETKEY_PROXY`` = the proxy URL without credentials;
+* ``NO_PROXY``/``no_proxy``: empty with ``VALETKEY_EGRESS=proxy``; with ``gateway`` or ``both``
+  the hosts of the run's gateways, which are reached directly, never through the proxy;
+* the CA file: ``files = {VALETKEY_SANDBOX_CA_PATH: PEM}`` and every variable common clients read
+  for one (``SSL_CERT_FILE``, ``REQUESTS_CA_BUNDLE``, ``CURL_CA_BUNDLE``, ``GIT_SSL_CAINFO``,
+  ``PIP_CERT``, ``NODE_EXTRA_CA_CERTS``) set to that path.
+
+``VALETKEY_EGRESS=proxy`` drops the base-URL variables (clients use their default hosts, through
+the proxy); placeholders stay, as the only credentials in the bundle.
+"""
 
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
+from broker.proxy_settings import Egress
 from broker.runs import RunRecord
 from broker.settings import BrokerSettings
 from policies.model import PolicySet
 
+PROXY_VARS = ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy")
+NO_PROXY_VARS = ("NO_PROXY", "no_proxy")
+CA_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "PIP_CERT",
+           "NODE_EXTRA_CA_CERTS")
+
+
+@dataclass(frozen=True)
+class ProxyPart:
+    token: str  # the run's proxy token
+    ca_pem: str  # the CA file: proxy CA certs, then the trusted roots
+
 
 def render(
-    record: RunRecord, tokens: dict[str, str], policies: PolicySet, settings: BrokerSettings
+    record: RunRecord, tokens: dict[str, str], policies: PolicySet, settings: BrokerSettings,
+    proxy: ProxyPart | None = None,
 ) -> dict[str, Any]:
-    """For each upstream: placeholder var = that upstream's token, base-URL var = its gateway."""
+    """``tokens``: upstream name → its token (the proxy token comes in ``proxy``)."""
     env: dict[str, str] = {}
     gateways: dict[str, str] = {}
+    base_urls = proxy is None or settings.proxy.egress is not Egress.PROXY
     for upstream_name, token in tokens.items():
         upstream = policies.upstreams[upstream_name]
-        gateway = settings.gateway_url(upstream_name).rstrip("/")
-        gateways[upstream_name] = gateway
         env[upstream.env.placeholder] = token
-        env[upstream.env.base_url] = gateway + upstream.env.base_path
+        if base_urls:
+            gateway = settings.gateway_url(upstream_name).rstrip("/")
+            gateways[upstream_name] = gateway
+            env[upstream.env.base_url] = gateway + upstream.env.base_path
+    files: dict[str, str] = {}
+    if proxy is not None:
+        files[settings.proxy.sandbox_ca_path] = proxy.ca_pem
+        env.update(proxy_env(settings, proxy.token, gateways))
     # for tools inside the sandbox (``valetkey selftest``): which gateways this run may use
     env["VALETKEY_RUN_ID"] = record.run_id
     env["VALETKEY_GATEWAYS"] = ",".join(f"{name}={url}" for name, url in sorted(gateways.items()))
@@ -34,7 +70,18 @@ def render(
         "gateways": gateways,
         "env": env,
         "dotenv": dotenv(env),
+        "files": files,
     }
+
+
+def proxy_env(settings: BrokerSettings, token: str, gateways: dict[str, str]) -> dict[str, str]:
+    url = settings.proxy.url_with(token)
+    direct = ",".join(sorted({urlsplit(g).hostname or "" for g in gateways.values()} - {""}))
+    env = {var: url for var in PROXY_VARS}
+    env.update({var: direct for var in NO_PROXY_VARS})
+    env.update({var: settings.proxy.sandbox_ca_path for var in CA_VARS})
+    env["VALETKEY_PROXY"] = settings.proxy.url
+    return env
 
 
 def dotenv(env: dict[str, str]) -> str:

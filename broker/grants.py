@@ -1,7 +1,9 @@
 """Checking a run request (grants + TTL) against policy; every refusal has a stable code.
 
 Grants for the same upstream share one token (one audience, one placeholder variable): the token's
-``grants`` claim lists each (purpose, params) granted for that upstream.
+``grants`` claim lists each (purpose, params) granted for that upstream. A grant may name a
+destination instead (``upstream`` or its synonym ``destination``: names are unique across both);
+destinations are reached only through the egress proxy, so they need a broker with one.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from policies.units import parse_duration
 
 MAX_GRANTS = 64
 _REQUEST_KEYS = frozenset({"grants", "ttl"})
-_GRANT_KEYS = frozenset({"upstream", "purpose", "params"})
+_GRANT_KEYS = frozenset({"upstream", "destination", "purpose", "params"})
 
 
 @dataclass(frozen=True)
@@ -33,8 +35,9 @@ class RunRequest:
 
 
 def parse_run_request(
-    body: Any, runtime: Runtime, policies: PolicySet, default_ttl: int
+    body: Any, runtime: Runtime, policies: PolicySet, default_ttl: int, proxy: bool = False
 ) -> RunRequest:
+    """``proxy``: the broker has an egress proxy, so destination grants can be used."""
     if not isinstance(body, dict):
         raise BadRequest("body must be a JSON object with grants and ttl")
     unknown = set(body) - _REQUEST_KEYS
@@ -51,7 +54,7 @@ def parse_run_request(
     ttl = _ttl(body.get("ttl"), runtime, default_ttl)
     by_upstream: dict[str, list[GrantClaim]] = {}
     for index, grant in enumerate(grants):
-        upstream, claim = _grant(index, grant, runtime, policies)
+        upstream, claim = _grant(index, grant, runtime, policies, proxy)
         existing = by_upstream.setdefault(upstream, [])
         if claim in existing:
             raise BadRequest(f"grants[{index}] repeats an earlier grant", Reason.DUPLICATE_GRANT)
@@ -72,11 +75,13 @@ def _ttl(raw: Any, runtime: Runtime, default_ttl: int) -> int:
     return ttl
 
 
-def _grant(index: int, grant: Any, runtime: Runtime, policies: PolicySet) -> tuple[str, GrantClaim]:
+def _grant(
+    index: int, grant: Any, runtime: Runtime, policies: PolicySet, proxy: bool
+) -> tuple[str, GrantClaim]:
     where = f"grants[{index}]"
-    if not isinstance(grant, dict) or set(grant) - _GRANT_KEYS:
-        raise BadRequest(f"{where} must be an object with upstream, purpose and params")
-    upstream_name, purpose_name = grant.get("upstream"), grant.get("purpose")
+    if not isinstance(grant, dict) or set(grant) - _GRANT_KEYS or {"upstream", "destination"} <= set(grant):
+        raise BadRequest(f"{where} must be an object with upstream (or destination), purpose and params")
+    upstream_name, purpose_name = grant.get("upstream", grant.get("destination")), grant.get("purpose")
     params = grant.get("params", {})
     if not isinstance(upstream_name, str) or not isinstance(purpose_name, str):
         raise BadRequest(f"{where}: upstream and purpose must be strings")
@@ -84,17 +89,24 @@ def _grant(index: int, grant: Any, runtime: Runtime, policies: PolicySet) -> tup
         isinstance(k, str) and isinstance(v, str) for k, v in params.items()
     ):
         raise BadRequest(f"{where}: params must map names to strings")
-    upstream = policies.upstreams.get(upstream_name)
+    upstream = policies.target(upstream_name)
     if upstream is None:
         raise BadRequest(
-            f"{where}: no upstream {upstream_name!r} in policy; upstreams: {sorted(policies.upstreams)} "
+            f"{where}: no upstream {upstream_name!r} in policy; upstreams: {sorted(policies.upstreams)}, "
+            f"destinations: {sorted(policies.destinations)} "
             f"(runtime {runtime.name} may use {sorted(runtime.allow)})", Reason.UNKNOWN_AUDIENCE,
         )
+    kind = "upstream" if upstream_name in policies.upstreams else "destination"
     purpose = upstream.purposes.get(purpose_name)
     if purpose is None:
         raise BadRequest(
-            f"{where}: upstream {upstream_name} has no purpose {purpose_name!r}; its purposes: "
+            f"{where}: {kind} {upstream_name} has no purpose {purpose_name!r}; its purposes: "
             f"{sorted(upstream.purposes)}", Reason.UNKNOWN_PURPOSE,
+        )
+    if kind == "destination" and not proxy:
+        raise BadRequest(
+            f"{where}: destination {upstream_name} is reached through the egress proxy, and this "
+            "broker has none (VALETKEY_PROXY_URL)", Reason.UNKNOWN_AUDIENCE,
         )
     if not runtime.may_grant(upstream_name, purpose_name):
         raise Forbidden(

@@ -152,10 +152,12 @@ def _by_itself(record: RunRecord, revocation: Revocation) -> bool:
 
 
 def _covering(record: RunRecord, revocations: Iterable[Revocation]) -> Revocation | None:
-    """A runtime, upstream or global revocation that refuses the run's tokens, if any."""
+    """A runtime, upstream or global revocation that refuses the run's tokens, if any (an
+    upstream revocation of a destination the run was granted, too)."""
+    granted = {*record.audiences, *(str(g.get("upstream")) for g in record.grants)}
     for rev in revocations:
         hits = (rev.scope is Scope.ALL or (rev.scope is Scope.RUNTIME and rev.name == record.runtime)
-                or (rev.scope is Scope.UPSTREAM and rev.name in record.audiences))
+                or (rev.scope is Scope.UPSTREAM and rev.name in granted))
         if hits and (rev.blocked or rev.not_before >= record.created):  # as Revocation.covers
             return rev
     return None

@@ -16,9 +16,11 @@ import redis.asyncio as aioredis
 from starlette.requests import Request
 
 from broker.callers import Caller, CallerAuthenticator
+from broker.proxy_trust import ProxyTrust
 from broker.runs import RunRegistry
 from broker.settings import BrokerSettings
 from broker.signer import TransitSigner
+from contract.env import SettingsError
 from contract.revocations import RevocationStore
 from contract.vault import VaultClient
 from policies.load import load_policy_dir
@@ -38,10 +40,14 @@ class Services:
     signer: TransitSigner
     callers: CallerAuthenticator
     revocations: RevocationStore
+    proxy_trust: ProxyTrust | None = None  # the bundle's CA file, when a proxy is configured
 
     @classmethod
     def build(cls, settings: BrokerSettings, policies: PolicySet | None = None) -> Services:
         policies = policies or load_policy_dir(settings.policy_dir)
+        if settings.proxy.enabled and policies.target(settings.proxy.audience) is not None:
+            raise SettingsError(f"VALETKEY_PROXY_AUDIENCE={settings.proxy.audience} is also the name of "
+                                "an upstream or destination: audiences must not collide")
         vault = VaultClient(settings.vault_addr, settings.vault_token,
                             max_connections=settings.vault_max_connections)
         # redis-py's default pool fails a call at once beyond 100 connections ("Too many
@@ -61,6 +67,7 @@ class Services:
                 vault, policies, settings.admin_policy, settings.caller_cache_ttl
             ),
             revocations=RevocationStore(client),
+            proxy_trust=ProxyTrust(vault, settings.proxy) if settings.proxy.enabled else None,
         )
 
     async def aclose(self) -> None:

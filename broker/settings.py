@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+from broker.proxy_settings import ProxySettings
 from contract.env import (
     REDIS_SCHEMES,
     SettingsError,
@@ -49,6 +50,7 @@ class BrokerSettings:
     vault_max_connections: int = 64
     gateway_urls: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     gateway_url_template: str = "http://valetkey-gateway-{upstream}:8080"
+    proxy: ProxySettings = field(default_factory=ProxySettings)  # broker/proxy_settings.py
 
     def gateway_url(self, upstream: str) -> str:
         return self.gateway_urls.get(upstream) or self.gateway_url_template.format(upstream=upstream)
@@ -88,6 +90,7 @@ class BrokerSettings:
             gateway_url_template=env.get(
                 "VALETKEY_GATEWAY_URL_TEMPLATE", "http://valetkey-gateway-{upstream}:8080"
             ),
+            proxy=ProxySettings.from_env(env),
         )
 
 

@@ -93,3 +93,15 @@ def compact_json(value: Mapping[str, Any]) -> bytes:
 
 def params_view(params: Mapping[str, str]) -> Mapping[str, str]:
     return MappingProxyType(dict(params))
+
+
+SIGNATURE_B64_BYTES = 86  # an Ed25519 signature (64 bytes) in unpadded base64url
+MAX_KID_VERSION = 10**9  # the kid's version number is counted at this width
+
+
+def token_bytes(claims: AccessClaims, key_name: str) -> int:
+    """How long the compact JWS of ``claims`` will be (at most), before it is signed: a token
+    over ``MAX_TOKEN_BYTES`` would be refused by every verifier, so the broker refuses to mint it."""
+    header = {"alg": ALGORITHM, "typ": TOKEN_TYPE, "kid": f"{key_name}:v{MAX_KID_VERSION}"}
+    return (len(b64url(compact_json(header))) + 1 + len(b64url(compact_json(claims.to_json())))
+            + 1 + SIGNATURE_B64_BYTES)

@@ -54,6 +54,8 @@ class Reason(StrEnum):
     TTL_TOO_LONG = "ttl_too_long"
     TOO_MANY_GRANTS = "too_many_grants"
     DUPLICATE_GRANT = "duplicate_grant"
+    TOKEN_TOO_LARGE = "token_too_large"  # noqa: S105 - the grants would not fit MAX_TOKEN_BYTES
+    PROXY_CA_UNAVAILABLE = "proxy_ca_unavailable"  # no CA for the bundle (broker) or for a leaf (proxy) yet
     # tokens
     INVALID_TOKEN = "invalid_token"  # noqa: S105 - a reason code, not a secret
     AUDIENCE_MISMATCH = "audience_mismatch"
@@ -116,7 +118,6 @@ class Reason(StrEnum):
     CLIENT_HELLO_INVALID = "client_hello_invalid"  # not a TLS ClientHello, or over its bound
     CLIENT_HELLO_TIMEOUT = "client_hello_timeout"
     TLS_HANDSHAKE_FAILED = "tls_handshake_failed"  # the client did not complete our TLS handshake
-    PROXY_CA_UNAVAILABLE = "proxy_ca_unavailable"  # the deployment CA could not be read from Vault
 
 
 class ValetkeyError(Exception):

@@ -85,13 +85,15 @@ class Revocation:
     def key(self) -> str:
         return key_of(self.scope, self.name)
 
-    def covers(self, claims: AccessClaims) -> bool:
+    def covers(self, claims: AccessClaims, target: str = "") -> bool:
+        """``target``: the upstream or destination a proxy token is being used for (the proxy
+        token's audience is the proxy's; an upstream revocation covers the name it is used at)."""
         if self.scope is Scope.RUN:
             return claims.sub == self.name
         matches = (
             self.scope is Scope.ALL
             or (self.scope is Scope.RUNTIME and claims.client_id == self.name)
-            or (self.scope is Scope.UPSTREAM and claims.aud == self.name)
+            or (self.scope is Scope.UPSTREAM and self.name in (claims.aud, target))
         )
         return matches and (self.blocked or claims.iat <= self.not_before)
 
@@ -129,11 +131,12 @@ def scope_of(field: str) -> tuple[Scope, str] | None:
 
 
 def in_policy(policies: PolicySet) -> Callable[[Scope, str], bool]:
-    """Does a runtime or upstream revocation name one in ``policies``? (Runs and all: always.)"""
+    """Does a runtime or upstream revocation name one in ``policies``? (Runs and all: always.)
+    An upstream revocation may name a destination: one namespace, ``revoke upstream NAME``."""
     def known(scope: Scope, name: str) -> bool:
         if scope is Scope.RUNTIME:
             return name in policies.runtimes
-        return scope is not Scope.UPSTREAM or name in policies.upstreams
+        return scope is not Scope.UPSTREAM or policies.target(name) is not None
     return known
 
 
@@ -181,18 +184,23 @@ class RevocationSet:
             if _expired(record, now):
                 del self._records[key]
 
-    def find(self, claims: AccessClaims) -> Revocation | None:
+    def find(self, claims: AccessClaims, target: str = "") -> Revocation | None:
+        """The revocation covering ``claims``; with ``target`` (the proxy, judging a request to
+        one upstream or destination) also one of that name."""
         if not self._records:  # the usual case: nothing revoked that is still in force
             return None
-        for key in (key_of(Scope.RUN, claims.sub), key_of(Scope.RUNTIME, claims.client_id),
-                    key_of(Scope.UPSTREAM, claims.aud), "all"):
+        keys = [key_of(Scope.RUN, claims.sub), key_of(Scope.RUNTIME, claims.client_id),
+                key_of(Scope.UPSTREAM, claims.aud), "all"]
+        if target and target != claims.aud:
+            keys.append(key_of(Scope.UPSTREAM, target))
+        for key in keys:
             record = self._records.get(key)
-            if record is not None and record.covers(claims):
+            if record is not None and record.covers(claims, target):
                 return record
         return None
 
-    def check(self, claims: AccessClaims) -> None:
-        record = self.find(claims)
+    def check(self, claims: AccessClaims, target: str = "") -> None:
+        record = self.find(claims, target)
         if record is not None:
             where = "run" if record.scope is Scope.RUN else f"{record.scope.value} {record.name}".strip()
             raise TokenInvalid(f"token revoked ({where}): {record.why}", check="revoked",

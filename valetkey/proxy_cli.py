@@ -1,20 +1,93 @@
-"""CLI: ``valetkey proxy serve``: the egress proxy (the sandbox's HTTPS_PROXY)."""
+"""``valetkey proxy``: the egress proxy's commands (``ca show``, ``ca rotate``; ``serve`` joins).
+
+CA commands use VAULT_ADDR (else a running ``valetkey dev`` stack's Vault) and VAULT_TOKEN: the
+security team's token (policy valetkey-admin) or an operator's.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import socket
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import click
+from cryptography.hazmat.primitives import hashes
 
+from contract.ca import KV_MOUNT, load_certs
 from contract.env import SettingsError
+from contract.errors import ValetkeyError
 from policies.load import PolicyLoadError, load_policy_dir
+from valetkey.bootstrap import open_client, vault_errors
+from valetkey.broker_cli import vault_addr
+from valetkey.cli_support import CONTEXT, JSON_OPTION, fail
+from valetkey.proxy_bootstrap import read_public, rotate_ca
+
+MOUNT_OPTION = click.option("--mount", default=KV_MOUNT, show_default=True,
+                            help="KV v2 mount holding valetkey/proxy/ca and ca-public.")
 
 
-@click.group("proxy")
+@click.group("proxy", context_settings=CONTEXT)
 def proxy_group() -> None:
-    """The egress proxy: every run's one way out, destinations allowlisted by purpose."""
+    """The egress proxy (HTTPS_PROXY for sandboxes) and its deployment CA."""
+
+
+@proxy_group.group("ca", context_settings=CONTEXT)
+def ca_group() -> None:
+    """The deployment CA the proxy signs terminated connections with."""
+
+
+@contextmanager
+def _vault(action: str) -> Iterator[Any]:
+    addr, token = vault_addr(), os.environ.get("VAULT_TOKEN", "")
+    if not addr or not token:
+        fail("set VAULT_ADDR and VAULT_TOKEN (the security team's token, policy valetkey-admin)")
+    try:
+        with open_client(addr, token) as client, vault_errors(addr, action):
+            yield client
+    except ValetkeyError as exc:
+        fail(exc.detail)
+
+
+def _describe(pem: str) -> list[dict[str, str]]:
+    return [{"role": "current" if i == 0 else "previous", "subject": c.subject.rfc4514_string(),
+             "not_after": c.not_valid_after_utc.isoformat(),
+             "sha256": c.fingerprint(hashes.SHA256()).hex()}
+            for i, c in enumerate(load_certs(pem))]
+
+
+@ca_group.command("show")
+@MOUNT_OPTION
+@JSON_OPTION
+@click.option("--pem", "as_pem", is_flag=True, help="Print the PEM bundle (current, then previous).")
+def ca_show(mount: str, as_json: bool, as_pem: bool) -> None:
+    """The public CA certificates sandboxes trust: the current one, and the previous one during a
+    rotation. Never the key."""
+    with _vault("read the proxy CA's public certificates") as client:
+        pem = read_public(client, mount)
+    if as_pem:
+        click.echo(pem, nl=False)
+    elif as_json:
+        click.echo(json.dumps({"certs": _describe(pem)}, indent=2))
+    else:
+        for cert in _describe(pem):
+            click.echo(f"{cert['role']:<9} {cert['subject']}  until {cert['not_after']}  "
+                       f"sha256 {cert['sha256'][:16]}…")
+
+
+@ca_group.command("rotate")
+@MOUNT_OPTION
+def ca_rotate(mount: str) -> None:
+    """Write a new CA; the previous certificate stays trusted in new run bundles. Proxies pick the
+    new key up on their next refresh; runs minted before the rotation trust only the old CA."""
+    with _vault("rotate the proxy CA") as client:
+        rotation = rotate_ca(client, mount)
+    click.echo(f"rotated: new CA {rotation.subject} until {rotation.not_after}; "
+               f"{rotation.public_certs} certificate(s) in ca-public (current + previous)")
 
 
 @proxy_group.command("serve")

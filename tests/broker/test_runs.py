@@ -290,4 +290,6 @@ def test_unknown_upstream_lists_the_upstreams(broker: Broker) -> None:
     assert response.json()["error"] == "unknown_audience"
     assert response.json()["detail"] == (
         "grants[0]: no upstream 'gitlab' in policy; upstreams: ['anthropic', 'github', 'github-git', "
-        "'openai', 'slack'] (runtime coding-agent may use ['anthropic', 'github', 'github-git', 'openai'])")
+        "'openai', 'slack'], destinations: ['github-codeload', 'pypi', 'python-docs', 'pythonhosted'] "
+        "(runtime coding-agent may use ['anthropic', 'github', 'github-codeload', 'github-git', 'openai', "
+        "'pypi', 'python-docs', 'pythonhosted'])")

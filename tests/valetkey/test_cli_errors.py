@@ -155,8 +155,8 @@ def test_run_show_table_and_json(broker: Broker) -> None:
 
 def test_policy_check_of_a_directory_without_documents_is_an_error(tmp_path: Path) -> None:
     line = one_error_line(cli("policy", "check", str(tmp_path)))
-    assert line == (f"error: no policy documents in {tmp_path} (expected *.yaml files with kind: upstream "
-                    "or kind: runtime)")
+    assert line == (f"error: no policy documents in {tmp_path} (expected *.yaml files with kind: upstream, "
+                    "kind: destination or kind: runtime)")
 
 
 def test_unknown_policy_key_says_did_you_mean(tmp_path: Path) -> None:
