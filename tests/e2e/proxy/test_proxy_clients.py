@@ -41,7 +41,9 @@ def curl(env: dict[str, str], workdir: Path, args: str) -> tuple[Ran, int, str]:
     workdir.mkdir(parents=True, exist_ok=True)
     ran = run_client(["sh", "-c", f"curl -sS -v -D headers -o body {args}"], env, cwd=workdir)
     assert ran.returncode == 0, ran.stderr[-3000:]
-    status = int((workdir / "headers").read_text().split("\r\n\r\n")[-2].split(None, 2)[1])
+    # the last header block: the first is the proxy's answer to CONNECT
+    last = (workdir / "headers").read_bytes().decode("latin-1").strip().split("\r\n\r\n")[-1]
+    status = int(last.split(None, 2)[1])
     return ran, status, (workdir / "body").read_text()
 
 

@@ -51,6 +51,16 @@ def credential(stack: ProxyStack, kind: str, bundle: dict[str, Any]) -> str | No
     raise ValueError(kind)
 
 
+RUN_KINDS = ("run", "other-audience")  # credentials whose run the proxy can name
+
+
+def audit_line(stack: ProxyStack, answer: Answer) -> dict[str, Any]:
+    request_id = answer.json().get("request_id")
+    lines = stack.audit(lambda x: x.get("request_id") == request_id)
+    assert lines, f"no audit line for request {request_id}"
+    return lines[-1]
+
+
 def refused_connect(stack: ProxyStack, target: str, token: str | None) -> Answer:
     answer, sock = proxy_client.connect(stack.proxy_address, target, token)
     sock.close()
@@ -69,6 +79,9 @@ CONNECT_CASES = [
     pytest.param("api.anthropic.com:443", "run", 403, "purpose_not_granted", id="known-host-not-granted"),
     pytest.param(f"{METADATA_HOST}:443", "run", 403, "dest_metadata", id="metadata-behind-allowed-name"),
     pytest.param("api.openai.com:443", "none", 407, "missing_token", id="missing-credential"),
+    # the credential comes first: a stranger learns nothing of the rules, an IP literal included
+    pytest.param("127.0.0.1:443", "none", 407, "missing_token", id="ip-literal-without-credential"),
+    pytest.param("evil.example.com:443", "none", 407, "missing_token", id="unknown-host-without-credential"),
     pytest.param("api.openai.com:443", "garbage", 407, "invalid_token", id="invalid-credential"),
     pytest.param("api.openai.com:443", "forged", 407, "invalid_token", id="forged-credential"),
     pytest.param("api.openai.com:443", "other-audience", 407, "audience_mismatch", id="other-audience-credential"),
@@ -84,10 +97,13 @@ def test_connect_refused(stack: ProxyStack, target: str, kind: str, status: int,
     assert (answer.status, answer.reason) == (status, reason), answer.body[:500]
     if status == 407:
         assert answer.header("proxy-authenticate") == [REALM]
-    else:  # refused with a run: the audit line names it
-        assert answer.header("content-type")[0].startswith("application/json")
-        lines = stack.audit(lambda x: x.get("run") == bundle["run_id"] and x.get("reason") == reason)
-        assert lines, f"no audit line with reason {reason} for the run"
+    assert answer.header("content-type")[0].startswith("application/json")
+    # the audit line of this decision (by the request id of the answer) names the run, when the
+    # credential was the run's own
+    line = audit_line(stack, answer)
+    assert (line.get("reason"), line.get("decision"), line.get("status")) == (reason, "deny", status)
+    named = bundle["run_id"] if kind in RUN_KINDS else ""
+    assert line.get("run") == named, f"audit line of a {reason} refusal names run {line.get('run')!r}"
 
 
 def test_revoked_credential(stack: ProxyStack) -> None:
@@ -105,6 +121,8 @@ def test_revoked_credential(stack: ProxyStack) -> None:
             time.sleep(0.1)
     assert (answer.status, answer.reason) == (407, "token_revoked"), answer.body[:500]
     assert answer.header("proxy-authenticate") == [REALM]
+    line = audit_line(stack, answer)
+    assert (line.get("reason"), line.get("run")) == ("token_revoked", bundle["run_id"])
 
 
 TLS_CASES = [
@@ -164,6 +182,8 @@ def test_inside_terminated_tunnel(stack: ProxyStack, tmp_path: Path, method: str
             tls.close()
     assert 400 <= answer.status < 500
     assert answer.reason == reason, answer.body[:500]
+    line = audit_line(stack, answer)
+    assert (line.get("reason"), line.get("run")) == (reason, bundle["run_id"])
 
 
 PLAIN_CASES = [
@@ -180,3 +200,5 @@ def test_plain_http_refused(stack: ProxyStack, url: str, kind: str, status: int,
     with no_upstream_connection(stack):
         answer = proxy_client.absolute_form(stack.proxy_address, url, credential(stack, kind, bundle))
     assert (answer.status, answer.reason) == (status, reason), answer.body[:500]
+    line = audit_line(stack, answer)
+    assert (line.get("reason"), line.get("run")) == (reason, bundle["run_id"] if kind in RUN_KINDS else "")

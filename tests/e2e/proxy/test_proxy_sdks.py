@@ -9,6 +9,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.e2e.conftest import assert_never_saw, run_client
 from tests.e2e.proxy.conftest import every_secret, names_destination, sandbox_for
 from tests.support.proxy_stack import ProxyStack
@@ -22,6 +24,7 @@ def inner(line: dict[str, object]) -> bool:
     return line.get("method") not in (None, "", "CONNECT")
 
 
+@pytest.mark.slow  # importing the SDK alone takes seconds on a loaded machine
 def test_openai_sdk_default_base_url(stack: ProxyStack, tmp_path: Path) -> None:
     bundle, box = sandbox_for(stack, tmp_path, "openai")
     assert "OPENAI_BASE_URL" not in box.env
@@ -56,6 +59,7 @@ def test_openai_sdk_default_base_url(stack: ProxyStack, tmp_path: Path) -> None:
     assert {x.get("runtime") for x in lines} == {"proxy-agent"}
 
 
+@pytest.mark.slow
 def test_anthropic_sdk_default_base_url(stack: ProxyStack, tmp_path: Path) -> None:
     bundle, box = sandbox_for(stack, tmp_path, "anthropic")
     assert "ANTHROPIC_BASE_URL" not in box.env
