@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -44,18 +45,31 @@ def curl(env: dict[str, str], workdir: Path, args: str) -> tuple[Ran, int, str]:
     # the last header block: the first is the proxy's answer to CONNECT
     last = (workdir / "headers").read_bytes().decode("latin-1").strip().split("\r\n\r\n")[-1]
     status = int(last.split(None, 2)[1])
-    return ran, status, (workdir / "body").read_text()
+    return ran, status, (workdir / "body").read_bytes().decode("latin-1")
+
+
+def issuer(ran: Ran) -> str:
+    """The issuer of the server certificate curl verified (from ``curl -v``)."""
+    found = re.search(r"^\*\s+issuer: (.*)$", ran.stderr, re.MULTILINE)
+    assert found, ran.stderr[-2000:]
+    return found.group(1)
 
 
 def test_curl_terminated_destination_and_placeholder(stack: ProxyStack, tmp_path: Path) -> None:
-    bundle, box = sandbox_for(stack, tmp_path, "github", "pypi")
+    bundle, box = sandbox_for(stack, tmp_path, "github", "pypi", "pythonhosted")
     run_id, before = bundle["run_id"], len(stack.upstreams["github"].app.seen)
 
     index = curl(box.env, tmp_path / "index", f"https://pypi.org/simple/{PROJECT}/")
     repo = curl(box.env, tmp_path / "repo", f'-H "Authorization: Bearer $GITHUB_TOKEN" "{REPO_API}"')
+    wheel = curl(box.env, tmp_path / "wheel", f"https://files.pythonhosted.org{WHEEL_PATH}")
 
     assert index[1] == 200
     assert WHEEL_PATH in index[2]
+    # terminate: the proxy's leaf from the deployment CA; tunnel: the upstream's own certificate
+    assert "valetkey test CA" not in issuer(index[0])
+    assert "valetkey test CA" not in issuer(repo[0])
+    assert "valetkey test CA" in issuer(wheel[0])
+    assert wheel[1] == 200
     assert stack.upstreams["pypi"].app.seen[-1].path == f"/simple/{PROJECT}/"
     assert (repo[1], json.loads(repo[2])["full_name"]) == (200, f"{DEMO_OWNER}/{DEMO_REPO}")
     secret = stack.secret("github")
@@ -63,11 +77,12 @@ def test_curl_terminated_destination_and_placeholder(stack: ProxyStack, tmp_path
     assert seen.header("authorization") == [f"Bearer {secret}"]
     assert bundle["env"]["GITHUB_TOKEN"] not in repr(seen)
     assert stack.upstreams["github"].sni[-1] == "api.github.com"  # upstream TLS with the real name
-    never_leaked(stack, box.env, index[0], repo[0])
+    never_leaked(stack, box.env, index[0], repo[0], wheel[0])
     assert secret not in index[2] + repo[2]
 
-    lines = stack.run_audit(run_id, 2)
+    lines = stack.run_audit(run_id, 3)
     assert any(names_destination(x, "pypi") and x.get("decision") == "allow" for x in lines), lines
+    assert any(names_destination(x, "pythonhosted") and x.get("decision") == "allow" for x in lines), lines
     assert any(names_destination(x, "github") and x.get("decision") == "allow" and x.get("status") == 200
                for x in lines), lines
 
