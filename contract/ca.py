@@ -4,8 +4,14 @@ Vault KV v2 (mount ``secret`` by default):
 
 * ``valetkey/proxy/ca`` = ``{"cert": PEM, "key": PEM (PKCS8, EC P-256)}``: read only by the
   proxy's identity (Vault policy ``valetkey-proxy``);
-* ``valetkey/proxy/ca-public`` = ``{"certs": PEM}``: the current certificate first, then the
-  previous one during a rotation; the broker reads it (never the key) for run bundles.
+* ``valetkey/proxy/ca-next`` = the same shape: the other of the two slots a rotation alternates
+  between (a rotation writes the new CA into the slot not signing now, never reading a key);
+* ``valetkey/proxy/ca-public`` = ``{"certs": PEM, "slots": JSON}``: the signing certificate
+  first, then the other slot's during a rotation; the broker reads it (never a key) for run
+  bundles. ``slots`` maps each slot path to its certificate's SHA-256 and the unix time from
+  which proxies sign with it (``active_from``): the latest slot already active signs. A rotation
+  stages the new CA with ``active_from`` = now + the longest run TTL, so every live run's bundle
+  trusts it before any proxy uses it. Without ``slots`` (a CA made before rotations), ``ca`` signs.
 
 A CA is EC P-256, ten years, ``pathLenConstraint=0`` (it signs leaves only) and name-constrained
 against every IP address: the proxy never mints for an IP literal, so a leaked CA key cannot
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import json
 from dataclasses import dataclass
 
 from cryptography import x509
@@ -29,6 +36,8 @@ from contract.secret import Secret
 KV_MOUNT = "secret"
 CA_PATH = "valetkey/proxy/ca"
 CA_PUBLIC_PATH = "valetkey/proxy/ca-public"
+CA_NEXT_PATH = "valetkey/proxy/ca-next"
+SLOT_PATHS = (CA_PATH, CA_NEXT_PATH)
 CA_LIFETIME = datetime.timedelta(days=3650)
 CA_COMMON_NAME = "valetkey egress proxy CA"
 PEM_BEGIN = "-----BEGIN CERTIFICATE-----"
@@ -131,8 +140,27 @@ def public_certs(data: object) -> str:
     return "".join(cert_pem(c) for c in certs)
 
 
-def rotated_public(new_cert_pem: str, current_public: str) -> str:
-    """``ca-public`` after a rotation: the new certificate, then the one it replaces (older
-    previous ones are dropped: a rotation retires the CA before the current one)."""
-    old = load_certs(current_public)[:1] if PEM_BEGIN in current_public else []
-    return new_cert_pem + "".join(cert_pem(c) for c in old)
+def fingerprint(cert: x509.Certificate) -> str:
+    return cert.fingerprint(hashes.SHA256()).hex()
+
+
+def slots_of(data: object) -> dict[str, dict[str, int | str]]:
+    """``ca-public``'s ``slots`` (slot path → ``{"sha256", "active_from"}``); ``ca`` active since
+    0 when there are none. Garbled slots read as none: ``ca`` signs (what bootstrap created)."""
+    raw = data.get("slots") if isinstance(data, dict) else None
+    try:
+        slots = json.loads(raw) if isinstance(raw, str) else None
+    except ValueError:
+        slots = None
+    if not isinstance(slots, dict) or not slots:
+        return {CA_PATH: {"sha256": "", "active_from": 0}}
+    return {path: {"sha256": str(v.get("sha256", "")), "active_from": int(v.get("active_from", 0))}
+            for path, v in slots.items() if path in SLOT_PATHS and isinstance(v, dict)
+            and isinstance(v.get("active_from", 0), int)} or {CA_PATH: {"sha256": "", "active_from": 0}}
+
+
+def signing_slot(data: object, now: float) -> str:
+    """The slot proxies sign with at ``now``: of the slots already active, the latest."""
+    slots = slots_of(data)
+    active = [(int(v["active_from"]), path) for path, v in slots.items() if int(v["active_from"]) <= now]
+    return max(active)[1] if active else CA_PATH

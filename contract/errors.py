@@ -55,7 +55,7 @@ class Reason(StrEnum):
     TOO_MANY_GRANTS = "too_many_grants"
     DUPLICATE_GRANT = "duplicate_grant"
     TOKEN_TOO_LARGE = "token_too_large"  # noqa: S105 - the grants would not fit MAX_TOKEN_BYTES
-    PROXY_CA_UNAVAILABLE = "proxy_ca_unavailable"  # no CA for the bundle (broker) or for a leaf (proxy) yet
+    PROXY_CA_UNAVAILABLE = "proxy_ca_unavailable"  # no deployment CA read from Vault yet (bundle, proxy)
     # tokens
     INVALID_TOKEN = "invalid_token"  # noqa: S105 - a reason code, not a secret
     AUDIENCE_MISMATCH = "audience_mismatch"

@@ -162,6 +162,14 @@ class VaultClient:
             raise UpstreamError("transit returned a short batch", Reason.SIGNING_FAILED)
         return out
 
+    async def kv_fields(self, mount: str, path: str) -> dict[str, Secret]:
+        """Every string field of a KV v2 secret (each kept as a ``Secret``)."""
+        data = await self._data("GET", f"{mount}/data/{path}")
+        fields = data.get("data") or {}
+        if not isinstance(fields, dict):
+            return {}
+        return {k: Secret(v) for k, v in fields.items() if isinstance(v, str)}
+
     async def kv_read(self, ref: SecretRef) -> Secret:
         data = await self._data("GET", ref.api_path)
         value = (data.get("data") or {}).get(ref.field)

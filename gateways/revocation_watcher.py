@@ -49,29 +49,31 @@ class RevocationWatcher:
         self._confirmed = float("-inf")
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
-        self._streams: dict[asyncio.Task[Any], AccessClaims] = {}
+        self._streams: dict[asyncio.Task[Any], tuple[AccessClaims, str]] = {}
         self.applied = 0  # revocation messages applied (tests and the propagation benchmark)
 
     @property
     def fresh(self) -> bool:
         return self._clock() - self._confirmed <= self._max_stale
 
-    def check(self, claims: AccessClaims) -> None:
-        """The request-path check: fail closed when stale, else the in-memory rule."""
+    def check(self, claims: AccessClaims, target: str = "") -> None:
+        """The request-path check: fail closed when stale, else the in-memory rule. ``target``:
+        the upstream or destination the egress proxy is asked to reach (revocable by name too)."""
         if not self.fresh:
             raise Unavailable("revocation state cannot be confirmed fresh; refusing until it is",
                               Reason.REVOCATION_STATE_STALE)
-        self.state.check(claims)
+        self.state.check(claims, target)
 
     async def run_check(self, claims: AccessClaims) -> None:
         self.check(claims)
 
-    def track(self, claims: AccessClaims) -> Callable[[], None]:
-        """Register the current task as a stream of ``claims``; returns the unregister call."""
+    def track(self, claims: AccessClaims, target: str = "") -> Callable[[], None]:
+        """Register the current task as a stream of ``claims`` (used at ``target``: the egress
+        proxy's tunnels, cut when that destination is revoked too); returns the unregister call."""
         task = asyncio.current_task()
         if task is None:
             return lambda: None
-        self._streams[task] = claims
+        self._streams[task] = (claims, target)
         current = task
 
         def untrack() -> None:
@@ -92,8 +94,8 @@ class RevocationWatcher:
     def _apply(self, record: Revocation) -> None:
         self.state.apply(record)
         self.applied += 1
-        for task, claims in list(self._streams.items()):
-            if record.covers(claims) and not task.done():
+        for task, (claims, target) in list(self._streams.items()):
+            if record.covers(claims, target) and not task.done():
                 task.cancel(f"revoked:{record.key}")
 
     async def _run(self) -> None:
@@ -113,8 +115,8 @@ class RevocationWatcher:
             await pubsub.subscribe(CHANNEL)
             self.state.merge(await self._store.load())
             self.state.forget_expired(time.time())
-            for task, claims in list(self._streams.items()):  # cut streams revoked while away
-                if self.state.find(claims) is not None and not task.done():
+            for task, (claims, target) in list(self._streams.items()):  # cut streams revoked while away
+                if self.state.find(claims, target) is not None and not task.done():
                     task.cancel("revoked")
             self._confirmed = self._clock()
             self._ready.set()

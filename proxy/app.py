@@ -59,7 +59,10 @@ class ProxyApp:
             if admission is None:
                 return
         steps = UPSTREAM_STEPS if admission.route.upstream is not None else DESTINATION_STEPS
-        await handle(admission.gateway, new_exchange(scope, receive, send, admission.route.name), steps)
+        ex = new_exchange(scope, receive, send, admission.route.name)
+        # the tunnel's run is known from its CONNECT: every decision inside is audited with it
+        ex.record.run, ex.record.runtime = admission.claims.sub, admission.claims.client_id
+        await handle(admission.gateway, ex, steps)
 
     async def _reserved(self, hub: Hub, scope: dict[str, Any], send: Send) -> None:
         """``GET /.valetkey/healthz`` (the process is up) and ``/.valetkey/readyz`` (CA loaded,

@@ -1,9 +1,9 @@
 """Deciding a CONNECT (and a plain-http request's target): who asks, for which host, granted or not.
 
     await admit(hub, host, port, headers, record) -> Admission    the steps, in order:
-        target      a DNS name                     destination_ip_literal, invalid_request
         credential  Proxy-Authorization Basic      missing_token, invalid_token, token_revoked,
                     (password = the run token)     audience_mismatch, revocation_state_stale… (407)
+        target      a DNS name                     destination_ip_literal
         route       a destination names host:port  destination_not_allowed, destination_port_not_allowed
                     (asked only for a verified run: the allowlist is not shown to strangers)
         grant       the run holds a purpose there  purpose_not_granted
@@ -103,17 +103,22 @@ def narrowed(claims: AccessClaims, name: str) -> AccessClaims:
 
 
 async def admit(hub: Hub, host: str, port: int, headers: Headers, record: AuditRecord) -> Admission:
+    token = credential(headers)
+    verified = await verify(hub, token, record)
     if is_ip_literal(host):
         raise Forbidden("destinations are named, never addressed: an IP literal is refused",
                         Reason.DESTINATION_IP_LITERAL)
-    token = credential(headers)
-    verified = await verify(hub, token, record)
     target = route(hub.policies, host, port)  # after the credential: the allowlist is not for strangers
     record.upstream = target.name
+    try:
+        hub.base.revocations.check(verified, target.name)  # a destination revoked by name
+    except TokenInvalid as exc:  # the run is fine; this host is closed to it
+        raise Forbidden(f"{target.name} is revoked: {exc.detail}", Reason.TOKEN_REVOKED) from None
     claims = narrowed(verified, target.name)
     if not claims.grants:
         raise Forbidden(f"this run holds no purpose at {target.name}", Reason.PURPOSE_NOT_GRANTED)
     gateway = await hub.gateway(target)
     pinned = gateway.resolver.current()
-    record.upstream_addr = f"{pinned.address}:{target.port}"
+    dial = hub.settings.connect_to.get((target.host, target.port))
+    record.upstream_addr = f"{pinned.address}:{dial[1] if dial else target.port}"
     return Admission(target, token, claims, gateway, pinned, hub.verifier)

@@ -21,6 +21,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
+from contract.ca import CA_PUBLIC_PATH, signing_slot
+from contract.errors import Reason, Unavailable
 from contract.secret import Secret
 from contract.verify import TokenVerifier
 from gateways.egress import AddrInfo, Resolver
@@ -108,7 +110,7 @@ class Hub:
         self.base = Gateway.build(settings.gateway, _proxy_upstream(settings), self.resolver,
                                   policies.alerting)
         self.verifier: TokenVerifier = self.base.verifier
-        self.leaves = LeafCerts(self._read_ca)
+        self.leaves = LeafCerts(self._read_ca, refresh=settings.ca_refresh)
         self.upstreams = {name: self._upstream_gateway(up) for name, up in policies.upstreams.items()
                           if up.scheme == "https"}
         self.held = HeldSecrets([gw.secrets for gw in self.upstreams.values()])
@@ -171,10 +173,16 @@ class Hub:
         return checks
 
     async def _read_ca(self) -> tuple[bytes, bytes]:
-        """The CA certificate and key, with the proxy's identity (the base store logs in first)."""
-        await self.base.secrets.load()  # reads the CA's ``cert`` field, logging in when due
-        key = await self.base.vault.kv_read(SecretRef(self.settings.ca_mount, self.settings.ca_path, "key"))
-        return self.base.secrets.current().reveal().encode(), key.reveal().encode()
+        """The certificate and key of the CA slot that signs now (``contract.ca.signing_slot``),
+        with the proxy's identity (the base store logs in first, reading ``ca-public``'s certs)."""
+        mount = self.settings.ca_mount
+        await self.base.secrets.load()  # ca-public's ``certs``: logs in when due
+        public = await self.base.vault.kv_fields(mount, CA_PUBLIC_PATH)
+        slots = {"slots": public["slots"].reveal()} if "slots" in public else {}
+        ca = await self.base.vault.kv_fields(mount, signing_slot(slots, time.time()))
+        if "cert" not in ca or "key" not in ca:
+            raise Unavailable("the signing CA slot has no cert and key", Reason.PROXY_CA_UNAVAILABLE)
+        return ca["cert"].reveal().encode(), ca["key"].reveal().encode()
 
     async def start(self) -> None:
         if self.settings.connect_to:
@@ -214,7 +222,7 @@ def _proxy_upstream(settings: ProxySettings) -> Upstream:
     return Upstream(
         name=settings.audience, base_url="https://egress.invalid", scheme="https", host="egress.invalid",
         port=443,
-        secret=SecretRef("secret", settings.ca_path, "cert"),
+        secret=SecretRef(settings.ca_mount, CA_PUBLIC_PATH, "certs"),
         injection=Injection(Placement.HEADER, header="proxy-authorization", format="Basic {secret}"),
         env=SandboxEnv(placeholder="", base_url=""), purposes={},
     )

@@ -3,8 +3,11 @@ the same variables, plus what only the proxy has.
 
     VALETKEY_PROXY_LISTEN          where the sandbox's HTTP(S)_PROXY points (default 127.0.0.1:8480)
     VALETKEY_PROXY_AUDIENCE        the audience of the run's proxy credential (default ``egress``)
-    VALETKEY_PROXY_CA_PATH         KV v2 path of the deployment CA (default valetkey/proxy/ca)
+    VALETKEY_PROXY_CA_MOUNT        KV v2 mount of the deployment CA (default secret; paths in
+                                   contract/ca.py)
     VALETKEY_PROXY_HELLO_TIMEOUT   a tunnel's ClientHello must arrive within this (default 10s)
+    VALETKEY_PROXY_CA_REFRESH      how often the CA slots are read again (default 60s): a staged
+                                   CA signs from its ``active_from`` on, at most this much later
     VALETKEY_PROXY_TEST_RESOLVE    TEST ONLY: ``host:port=addr:port,...`` dial addr:port for
                                    host:port (SNI, Host and certificate checks still use host;
                                    the egress guard still judges addr). Logged loudly at start.
@@ -18,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from contract.ca import KV_MOUNT
 from contract.env import SettingsError, duration
 from gateways.settings import GatewaySettings
 
@@ -29,9 +33,9 @@ ConnectTo = Mapping[tuple[str, int], tuple[str, int]]
 class ProxySettings:
     gateway: GatewaySettings
     audience: str = "egress"
-    ca_path: str = "valetkey/proxy/ca"
-    ca_mount: str = "secret"
+    ca_mount: str = KV_MOUNT
     hello_timeout: float = 10.0
+    ca_refresh: float = 60.0
     connect_to: ConnectTo = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
@@ -42,8 +46,9 @@ class ProxySettings:
         return cls(
             gateway=GatewaySettings.from_env(audience, env),
             audience=audience,
-            ca_path=env.get("VALETKEY_PROXY_CA_PATH", "valetkey/proxy/ca"),
+            ca_mount=env.get("VALETKEY_PROXY_CA_MOUNT", KV_MOUNT),
             hello_timeout=float(duration(env, "VALETKEY_PROXY_HELLO_TIMEOUT", "10s")),
+            ca_refresh=float(duration(env, "VALETKEY_PROXY_CA_REFRESH", "60s")),
             connect_to=parse_connect_to(env.get("VALETKEY_PROXY_TEST_RESOLVE", "")),
         )
 

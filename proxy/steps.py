@@ -56,6 +56,7 @@ async def check_tunnel(gw: Gateway, ex: Exchange) -> None:
         raise BadRequest(f"Host must name {route.host}, the host this tunnel was opened for",
                          Reason.HOST_MISMATCH)
     claims = await admission.verifier.verify(admission.token)
+    gw.revocations.check(claims, admission.route.name)
     ex.record.run, ex.record.runtime = claims.sub, claims.client_id
 
 

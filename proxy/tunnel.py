@@ -152,7 +152,7 @@ async def tunnel(hub: Hub, admission: Admission, client: asyncio.Transport, firs
         upstream.write(bytes(near.pending))
         near.pending.clear()
         record.status = 200
-        untrack = hub.base.revocations.track(admission.claims)
+        untrack = hub.base.revocations.track(admission.claims, admission.route.name)
         try:
             async with asyncio.timeout(max(0.0, admission.claims.exp - time.time())):
                 await done

@@ -11,21 +11,28 @@ Writes use KV v2 check-and-set, so two bootstraps racing on an empty Vault creat
 
 from __future__ import annotations
 
+import json
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import hvac.exceptions
 
 from contract.ca import (
+    CA_NEXT_PATH,
     CA_PATH,
     CA_PUBLIC_PATH,
+    SLOT_PATHS,
     CAError,
+    cert_pem,
+    fingerprint,
     generate_ca,
     kv_api_path,
     load_certs,
     material_from_kv,
     public_certs,
-    rotated_public,
+    signing_slot,
+    slots_of,
 )
 from contract.errors import BadRequest
 from policies.model import PolicySet
@@ -39,8 +46,8 @@ class _Report(Protocol):
 
 
 def ca_paths(kv_mount: str) -> dict[str, str]:
-    """The HCL placeholders of the CA's two KV paths."""
-    return {"ca_path": kv_api_path(CA_PATH, kv_mount),
+    """The HCL placeholders of the CA's KV paths (two slots and the public certificates)."""
+    return {"ca_path": kv_api_path(CA_PATH, kv_mount), "ca_next_path": kv_api_path(CA_NEXT_PATH, kv_mount),
             "ca_public_path": kv_api_path(CA_PUBLIC_PATH, kv_mount)}
 
 
@@ -90,7 +97,7 @@ def ensure_ca(client: Any, report: _Report, kv_mount: str, actions: Any) -> None
         shown = public_certs(public)
     except CAError:
         shown = ""
-    if shown.startswith(cert):
+    if cert in shown:  # first, or second while a rotation's other slot signs or is staged
         report.add("proxy CA", f"{kv_mount}/{CA_PUBLIC_PATH}", actions.PRESENT)
         return
     _write(client, kv_mount, CA_PUBLIC_PATH, {"certs": cert})
@@ -102,25 +109,36 @@ def ensure_ca(client: Any, report: _Report, kv_mount: str, actions: Any) -> None
 class Rotation:
     subject: str
     not_after: str
-    public_certs: int  # certificates now in ca-public (the new one and the previous)
+    public_certs: int  # certificates now in ca-public (the signing one and the staged one)
+    active_from: int  # unix time from which proxies sign with the new CA
+    slot: str
 
 
-def rotate_ca(client: Any, kv_mount: str = "secret") -> Rotation:
-    """A new CA; the previous certificate stays in ``ca-public`` so bundles minted before the
-    proxy picks the new key up keep working. Needs write on ``ca`` (not read) and read/write on
-    ``ca-public`` (the valetkey-admin policy, or an operator token)."""
+def rotate_ca(client: Any, kv_mount: str = "secret", overlap: int = 0, now: float | None = None) -> Rotation:
+    """Stage a new CA in the slot that is not signing now, trusted by every bundle minted from
+    now on, and signing from ``now + overlap`` (give the longest run TTL: runs minted before
+    the rotation trust only the old CA, and end before proxies switch). Never reads a key: needs
+    write on both slots and read/write on ``ca-public`` (valetkey-admin, or an operator token)."""
+    when = int(time.time() if now is None else now)
     public = _read(client, kv_mount, CA_PUBLIC_PATH)
     try:
-        current = public_certs(public) if public is not None else ""
+        current = load_certs(public_certs(public)) if public is not None else []
     except CAError:
-        current = ""
+        current = []
+    slots = slots_of(public)
+    signing = signing_slot(public, when)
+    if not slots[signing].get("sha256") and current:  # a CA from before rotations: its own cert
+        slots[signing] = {"sha256": fingerprint(current[0]), "active_from": 0}
+    keep = [c for c in current if fingerprint(c) == slots[signing]["sha256"]][:1] or current[:1]
+    target = next(path for path in SLOT_PATHS if path != signing)
     material = generate_ca()
-    certs = rotated_public(material.cert_pem, current)
-    _write(client, kv_mount, CA_PUBLIC_PATH, {"certs": certs})
-    _write(client, kv_mount, CA_PATH, material.kv_data())
     new = load_certs(material.cert_pem)[0]
-    return Rotation(subject=new.subject.rfc4514_string(),
-                    not_after=new.not_valid_after_utc.isoformat(), public_certs=len(load_certs(certs)))
+    slots = {signing: slots[signing], target: {"sha256": fingerprint(new), "active_from": when + overlap}}
+    _write(client, kv_mount, target, material.kv_data())  # the key first: no proxy trusts ca-public alone
+    certs = "".join(cert_pem(c) for c in keep) + material.cert_pem
+    _write(client, kv_mount, CA_PUBLIC_PATH, {"certs": certs, "slots": json.dumps(slots, sort_keys=True)})
+    return Rotation(subject=new.subject.rfc4514_string(), not_after=new.not_valid_after_utc.isoformat(),
+                    public_certs=len(load_certs(certs)), active_from=when + overlap, slot=target)
 
 
 def read_public(client: Any, kv_mount: str = "secret") -> str:

@@ -1,4 +1,4 @@
-"""``valetkey proxy``: the egress proxy's commands (``ca show``, ``ca rotate``; ``serve`` joins).
+"""``valetkey proxy``: the egress proxy (``serve``) and its deployment CA (``ca show``, ``ca rotate``).
 
 CA commands use VAULT_ADDR (else a running ``valetkey dev`` stack's Vault) and VAULT_TOKEN: the
 security team's token (policy valetkey-admin) or an operator's.
@@ -13,6 +13,7 @@ import socket
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import click
@@ -81,16 +82,35 @@ def ca_show(mount: str, as_json: bool, as_pem: bool) -> None:
 
 @ca_group.command("rotate")
 @MOUNT_OPTION
-def ca_rotate(mount: str) -> None:
-    """Write a new CA; the previous certificate stays trusted in new run bundles. Proxies pick the
-    new key up on their next refresh; runs minted before the rotation trust only the old CA."""
+@click.option("--overlap", default="", metavar="DURATION",
+              help="How long until proxies sign with the new CA [default: the longest runtime max_ttl "
+                   "in VALETKEY_POLICY_DIR (or the shipped policies), plus 5m].")
+def ca_rotate(mount: str, overlap: str) -> None:
+    """Stage a new CA: every run bundle minted from now on trusts it (beside the current one), and
+    proxies sign with it once the overlap has passed, when every run minted before it has ended.
+    Staging again before then replaces the staged CA, never the signing one."""
+    import datetime
+
+    from policies.load import SHIPPED_POLICY_DIR
+    from policies.units import parse_duration
+
+    try:
+        if overlap:
+            seconds = parse_duration(overlap)
+        else:
+            policies = load_policy_dir(Path(os.environ.get("VALETKEY_POLICY_DIR") or SHIPPED_POLICY_DIR))
+            seconds = max((r.max_ttl for r in policies.runtimes.values()), default=0) + 300
+    except (ValueError, PolicyLoadError) as exc:
+        fail(f"--overlap: {exc}")
     with _vault("rotate the proxy CA") as client:
-        rotation = rotate_ca(client, mount)
-    click.echo(f"rotated: new CA {rotation.subject} until {rotation.not_after}; "
-               f"{rotation.public_certs} certificate(s) in ca-public (current + previous)")
+        rotation = rotate_ca(client, mount, overlap=seconds)
+    when = datetime.datetime.fromtimestamp(rotation.active_from, datetime.UTC).isoformat(timespec="seconds")
+    click.echo(f"staged: new CA {rotation.subject} until {rotation.not_after} in {mount}/{rotation.slot}; "
+               f"bundles trust it now ({rotation.public_certs} certificates in ca-public); proxies sign "
+               f"with it from {when}")
 
 
-@proxy_group.command("serve")
+@proxy_group.command("serve", context_settings=CONTEXT)
 @click.option("--workers", type=int, default=1, show_default=True, help="worker processes")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]), help="Log level.")

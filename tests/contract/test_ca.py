@@ -12,10 +12,8 @@ from contract.ca import (
     CAMaterial,
     generate_ca,
     load_ca,
-    load_certs,
     material_from_kv,
-    public_certs,
-    rotated_public,
+    signing_slot,
 )
 from contract.secret import Secret
 
@@ -62,20 +60,23 @@ def test_unusable_ca_material_is_refused(data: object, message: str) -> None:
     assert "PRIVATE KEY" not in str(info.value)
 
 
-def test_public_certs_and_rotation() -> None:
-    third = generate_ca()
-    both = rotated_public(OTHER.cert_pem, CA.cert_pem)
-    after = rotated_public(third.cert_pem, both)
+@pytest.mark.parametrize(("slots", "now", "signing"), [
+    (None, 0, "valetkey/proxy/ca"),  # a CA from before rotations
+    ("garbled", 0, "valetkey/proxy/ca"),
+    ({"valetkey/proxy/ca": 0, "valetkey/proxy/ca-next": 100}, 99, "valetkey/proxy/ca"),  # staged
+    ({"valetkey/proxy/ca": 0, "valetkey/proxy/ca-next": 100}, 100, "valetkey/proxy/ca-next"),  # active
+    ({"valetkey/proxy/ca": 300, "valetkey/proxy/ca-next": 100}, 200, "valetkey/proxy/ca-next"),
+    ({"valetkey/proxy/ca": 300, "valetkey/proxy/ca-next": 100}, 300, "valetkey/proxy/ca"),  # back again
+    ({"elsewhere/ca": 0}, 10, "valetkey/proxy/ca"),  # a path that is no slot signs nothing
+])
+def test_signing_slot(slots: object, now: int, signing: str) -> None:
+    import json
 
-    assert [c.subject for c in load_certs(both)] == [c.subject for c in load_certs(OTHER.cert_pem + CA.cert_pem)]
-    assert load_certs(after) == load_certs(third.cert_pem + OTHER.cert_pem)
-    assert public_certs({"certs": both}) == both
-    assert rotated_public(CA.cert_pem, "") == CA.cert_pem
-    with pytest.raises(CAError, match="expected current and previous"):
-        public_certs({"certs": after + CA.cert_pem})
-    with pytest.raises(CAError, match="no string field certs"):
-        public_certs({"certs": 1})
-
+    if isinstance(slots, dict):
+        data = {"slots": json.dumps({k: {"sha256": "x", "active_from": v} for k, v in slots.items()})}
+    else:
+        data = {"slots": slots} if slots else {}
+    assert signing_slot(data, now) == signing
 
 def test_material_round_trips_through_kv_data() -> None:
     assert material_from_kv(CA.kv_data()) == CAMaterial(CA.cert_pem, Secret(CA.key_pem.reveal()))

@@ -22,11 +22,11 @@ from typing import Any
 import httpx
 import hvac
 import pytest
-from cryptography.hazmat.primitives import serialization
 
 from broker.app import create_app
 from broker.settings import BrokerSettings
 from broker.signer import TransitSigner
+from contract.ca import CA_PUBLIC_PATH
 from contract.claims import AccessClaims, GrantClaim
 from contract.secret import Secret
 from contract.vault import VaultClient
@@ -189,12 +189,10 @@ def proxy_stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFact
         certs = tmp_path_factory.mktemp("proxy-certs")
         upstream_ca, ca_key, ca = make_ca(certs)
         deploy = tmp_path_factory.mktemp("deploy-ca")
-        proxy_ca, proxy_key, _ = make_ca(deploy)
+        proxy_ca = deploy / "ca.pem"  # the CA bootstrap created: what a bundle's CA file carries
         client = hvac.Client(url=bao.addr, token=bao.root_token)
-        client.secrets.kv.v2.create_or_update_secret(path="valetkey/proxy/ca", mount_point="secret", secret={
-            "cert": proxy_ca.read_text(),
-            "key": proxy_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()).decode()})
+        proxy_ca.write_text(client.secrets.kv.v2.read_secret_version(
+            path=CA_PUBLIC_PATH, mount_point="secret", raise_on_deleted_version=True)["data"]["data"]["certs"])
         echoes: dict[str, EchoUpstream] = {}
         servers: list[ThreadedServer] = []
         resolve: list[str] = []
@@ -222,7 +220,7 @@ def proxy_stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFact
             "VAULT_ADDR": dev.addr, "VAULT_TOKEN": bao.root_token, "VALETKEY_REDIS_URL": redis_server.url,
             "VALETKEY_BROKER_URL": broker.url, "VALETKEY_ISSUER": ISSUER, "VALETKEY_READ_TIMEOUT": "5s",
             "VALETKEY_UPSTREAM_CA_FILE": str(upstream_ca), "VALETKEY_PROXY_LISTEN": f"127.0.0.1:{port}",
-            "VALETKEY_PROXY_HELLO_TIMEOUT": "1s",
+            "VALETKEY_PROXY_HELLO_TIMEOUT": "1s", "VALETKEY_PROXY_CA_REFRESH": "1s",
             "VALETKEY_PROXY_TEST_RESOLVE": ",".join(resolve)})
         assert parse_connect_to(",".join(resolve))
         proxy = ThreadedServer(ProxyApp(settings, policies), port=port, http=ProxyProtocol).start()

@@ -3,6 +3,7 @@ upstream connections, tunnels checked by SNI, terminated tunnels on the gateway 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import ssl
@@ -152,7 +153,7 @@ def test_placeholder_of_another_run(proxy_stack: ProxyStack) -> None:
 
 
 def test_connect_inside_a_terminated_tunnel(proxy_stack: ProxyStack) -> None:
-    _, _, proxy_token = proxy_stack.mint(["docs/read", "tun/connect"])
+    run, _, proxy_token = proxy_stack.mint(["docs/read", "tun/connect"])
     sock, head = connect_raw(proxy_stack, f"{DOCS}:443", {"Proxy-Authorization": basic(proxy_token)})
     assert head.startswith(b"HTTP/1.1 200"), head
     context = ssl.create_default_context(cafile=str(proxy_stack.proxy_ca))
@@ -161,6 +162,7 @@ def test_connect_inside_a_terminated_tunnel(proxy_stack: ProxyStack) -> None:
         answer = tls.recv(65536)
     assert answer.startswith(b"HTTP/1.1 405"), answer
     assert b"method_refused" in answer
+    assert audit_for(proxy_stack, run, "CONNECT", "method_refused")  # audited with the tunnel's run
 
 
 def test_revoking_the_run_cuts_its_tunnel(proxy_stack: ProxyStack) -> None:
@@ -234,3 +236,60 @@ def test_knocking_outside_the_allowlist_alerts_and_revokes(proxy_stack: ProxySta
             break
         time.sleep(0.1)
     assert json_body(head)["error"] == "token_revoked"
+
+
+def test_revoking_a_destination_by_name(proxy_stack: ProxyStack) -> None:
+    _, _, proxy_token = proxy_stack.mint(["tun/connect", "docs/read"])
+    sock, head = connect_raw(proxy_stack, f"{TUN}:443", {"Proxy-Authorization": basic(proxy_token)})
+    assert head.startswith(b"HTTP/1.1 200"), head
+    context = ssl.create_default_context(cafile=str(proxy_stack.upstream_ca))
+    tls = context.wrap_socket(sock, server_hostname=TUN)
+    admin = {"X-Vault-Token": proxy_stack.vault.admin_token}
+    httpx.post(f"{proxy_stack.broker_url}/v1/revocations", headers=admin,
+               json={"scope": "upstream", "name": "tun", "reason": "test"}).raise_for_status()
+    try:
+        tls.settimeout(5)
+        with contextlib.suppress(ssl.SSLError, OSError):
+            assert tls.recv(1) == b""  # the open tunnel is cut
+        sock2, head2 = connect_raw(proxy_stack, f"{TUN}:443", {"Proxy-Authorization": basic(proxy_token)})
+        sock2.close()
+        assert head2.startswith(b"HTTP/1.1 403"), head2
+        assert json_body(head2)["error"] == "token_revoked"
+        with proxy_stack.client(proxy_token) as client:  # the run's other destinations still work
+            assert client.get(f"https://{DOCS}/docs/a").status_code == 200
+    finally:
+        tls.close()
+        httpx.delete(f"{proxy_stack.broker_url}/v1/revocations/upstream/tun", headers=admin).raise_for_status()
+
+
+def test_ca_rotation_staged_then_signing(proxy_stack: ProxyStack, tmp_path: Any) -> None:
+    """Bundles trust a staged CA at once; the proxy signs with it only from its active_from on.
+    Runs in the shared stack last (test order): it leaves the new CA signing, trusted by proxy_ca."""
+    from contract.ca import CA_PUBLIC_PATH, cert_pem, load_certs
+    from valetkey.bootstrap import open_client
+    from valetkey.proxy_bootstrap import rotate_ca
+
+    _, _, proxy_token = proxy_stack.mint(["docs/read"])
+    old = proxy_stack.proxy_ca.read_text()
+    with open_client(proxy_stack.vault.addr, proxy_stack.vault.admin_token) as admin:
+        rotate_ca(admin, overlap=3)
+        both = admin.secrets.kv.v2.read_secret_version(path=CA_PUBLIC_PATH, mount_point="secret",
+                                                       raise_on_deleted_version=True)["data"]["data"]["certs"]
+    new_only = tmp_path / "new.pem"
+    new_only.write_text("".join(cert_pem(c) for c in load_certs(both)[1:]))
+
+    def issuer_trusted(cafile: str) -> bool:
+        sock, _ = connect_raw(proxy_stack, f"{DOCS}:443", {"Proxy-Authorization": basic(proxy_token)})
+        try:
+            with ssl.create_default_context(cafile=cafile).wrap_socket(sock, server_hostname=DOCS):
+                return True
+        except ssl.SSLError:
+            return False
+
+    time.sleep(1.5)  # a CA refresh: still the old CA signing
+    assert issuer_trusted(str(proxy_stack.proxy_ca))
+    assert not issuer_trusted(str(new_only))
+    time.sleep(4)  # past active_from and one more refresh: the new CA signs
+    assert issuer_trusted(str(new_only))
+    proxy_stack.proxy_ca.write_text(both)  # what a bundle minted after the rotation carries
+    assert old in both

@@ -11,7 +11,6 @@ from typing import Any
 import hvac.exceptions
 import pytest
 from click.testing import CliRunner
-from cryptography.hazmat.primitives import hashes
 
 from contract.ca import CA_PATH, CA_PUBLIC_PATH, load_certs, material_from_kv
 from contract.errors import BadRequest, Reason, Unauthenticated, Unavailable, ValetkeyError
@@ -483,27 +482,43 @@ def test_bad_hcl_fails_before_any_write(
             client.adapter.get("/v1/auth/token/roles/another-run-role")
 
 
-def test_proxy_ca_rotation_keeps_the_previous_certificate(bootstrapped_vault: DevVault) -> None:
+def test_proxy_ca_rotation_is_staged(bootstrapped_vault: DevVault) -> None:
+    """A rotation stages the new CA in the other slot, trusted by bundles at once and signing only
+    after the overlap; the next rotation alternates slots and never touches the signing one."""
+    import json
+    import time
+
+    from contract.ca import CA_NEXT_PATH, fingerprint, signing_slot
     from valetkey.proxy_bootstrap import read_public, rotate_ca
 
     bv = bootstrapped_vault
     with open_client(bv.addr, bv.root_token) as client:
         before = load_certs(read_public(client))[0]
-    with open_client(bv.addr, bv.admin_token) as admin:  # the security team rotates
-        rotation = rotate_ca(admin)
-        public = load_certs(read_public(admin))
+    now = time.time()
+    with open_client(bv.addr, bv.admin_token) as admin:  # the security team rotates, reading no key
+        rotation = rotate_ca(admin, overlap=3600, now=now)
+        public_data = _read_kv(CA_PUBLIC_PATH)(admin, bv)
+    public = load_certs(public_data["certs"])
     with open_client(bv.addr, bv.proxy_token()) as proxy:
-        current = material_from_kv(_read_kv(CA_PATH)(proxy, bv))
+        staged = material_from_kv(_read_kv(CA_NEXT_PATH)(proxy, bv))
+        signing = material_from_kv(_read_kv(CA_PATH)(proxy, bv))
 
+    assert rotation.slot == CA_NEXT_PATH
     assert rotation.public_certs == 2
-    assert [c.fingerprint(hashes.SHA256()) for c in public[1:]] == [before.fingerprint(hashes.SHA256())]
-    assert load_certs(current.cert_pem)[0] == public[0] != before
-    again = bootstrap_vault(bv.addr, bv.root_token, bv.policies)  # bootstrap keeps the rotated CA
+    assert public[0] == before == load_certs(signing.cert_pem)[0]  # still signing, listed first
+    assert public[1] == load_certs(staged.cert_pem)[0]  # trusted by bundles from now on
+    assert signing_slot(public_data, now + 3599) == CA_PATH
+    assert signing_slot(public_data, now + 3600) == CA_NEXT_PATH
+    again = bootstrap_vault(bv.addr, bv.root_token, bv.policies)  # bootstrap keeps the staged CA
     assert {(s.name, s.action) for s in again.steps if s.kind == "proxy CA"} == {
         ("secret/valetkey/proxy/ca", Action.PRESENT), ("secret/valetkey/proxy/ca-public", Action.PRESENT)}
-    with open_client(bv.addr, bv.admin_token) as admin:
-        rotate_ca(admin)
-        assert len(load_certs(read_public(admin))) == 2  # only the one previous certificate stays
+    with open_client(bv.addr, bv.admin_token) as admin:  # after the overlap: the next slot signs
+        third = rotate_ca(admin, overlap=0, now=now + 7200)
+        after = _read_kv(CA_PUBLIC_PATH)(admin, bv)
+    slots = json.loads(after["slots"])
+    assert third.slot == CA_PATH  # the retired slot is reused; the signing one (ca-next) stays
+    assert slots[CA_NEXT_PATH]["sha256"] == fingerprint(public[1])
+    assert next(fingerprint(c) for c in load_certs(after["certs"])) == fingerprint(public[1])
 
 
 def test_bootstrap_repairs_a_lost_public_ca(bootstrapped_vault: DevVault) -> None:
@@ -526,5 +541,6 @@ def test_proxy_policy_names_every_upstream_secret_and_the_ca() -> None:
     hcl = dict((n, h) for n, h, _ in _policy_documents(policies, Layout(), HCL_DIR))["valetkey-proxy"]
     paths = sorted(line.split('"')[1] for line in hcl.splitlines() if line.startswith("path "))
 
-    assert paths == sorted({"secret/data/valetkey/proxy/ca", "secret/data/valetkey/proxy/ca-public",
+    assert paths == sorted({"secret/data/valetkey/proxy/ca", "secret/data/valetkey/proxy/ca-next",
+                            "secret/data/valetkey/proxy/ca-public",
                             *(u.secret.api_path for u in policies.upstreams.values())})
