@@ -29,11 +29,15 @@ _ERROR = {
 _STRINGS = {"type": "object", "additionalProperties": {"type": "string"}}
 _GRANT = {
     "type": "object",
-    "required": ["upstream", "purpose"],
+    "description": "names an upstream or a destination: `upstream`, or its synonym `destination` "
+                   "(exactly one of the two); destinations need a broker with VALETKEY_PROXY_URL",
+    "required": ["purpose"],
+    "oneOf": [{"required": ["upstream"]}, {"required": ["destination"]}],
     "additionalProperties": False,
     "properties": {
         "upstream": {"type": "string"},
-        "purpose": {"type": "string"},
+        "destination": {"type": "string"},
+        "purpose": {"type": "string", "description": "`connect` for a tunnel destination"},
         "params": {**_STRINGS, "description": "each value one path segment of [A-Za-z0-9._~@+-], "
                    "1-200 characters, not '.' or '..' (else 400 param_widens_template)"},
     },
@@ -74,13 +78,16 @@ _RUN = {
 }
 _BUNDLE = {
     "type": "object",
-    "required": ["run_id", "runtime", "expires_at", "expires_in", "grants", "gateways", "env", "dotenv"],
+    "required": ["run_id", "runtime", "expires_at", "expires_in", "grants", "gateways", "env", "dotenv",
+                 "files"],
     "additionalProperties": False,
     "properties": {
         "run_id": {"type": "string"}, "runtime": {"type": "string"},
         "expires_at": {"type": "integer"}, "expires_in": {"type": "integer"},
         "grants": {"type": "array", "items": _GRANT_RECORD},
         "gateways": _STRINGS, "env": _STRINGS, "dotenv": {"type": "string"},
+        "files": {**_STRINGS, "description": "absolute path in the sandbox → content; with an egress "
+                  "proxy, the CA file (VALETKEY_SANDBOX_CA_PATH) the env's CA variables name"},
     },
 }
 _REASON = {"type": "string", "description": "why; at most 500 characters are kept"}

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from broker.grants import RunRequest
 from broker.proxy_settings import ProxySettings
-from contract.claims import MAX_TOKEN_BYTES, AccessClaims, GrantClaim, token_bytes
+from contract.claims import MAX_TOKEN_BYTES, AccessClaims, GrantClaim, proxy_purpose, token_bytes
 from contract.errors import BadRequest, Reason
 from policies.model import PolicySet
 
@@ -35,7 +35,7 @@ class RunClaims:
 
 
 def proxy_grants(request: RunRequest) -> tuple[GrantClaim, ...]:
-    return tuple(GrantClaim(f"{name}/{g.purpose}", g.params)
+    return tuple(GrantClaim(proxy_purpose(name, g.purpose), g.params)
                  for name, grants in request.by_upstream.items() for g in grants)
 
 

@@ -69,6 +69,23 @@ class AccessClaims:
         )
 
 
+PROXY_GRANT_SEP = "/"  # a proxy token's grant purpose: "<upstream or destination>/<purpose>"
+
+
+def proxy_purpose(name: str, purpose: str) -> str:
+    """``pypi``, ``connect`` → ``pypi/connect``: a grant of the proxy token (policy names never
+    contain ``/``, so no upstream's own purpose can be read as one)."""
+    return f"{name}{PROXY_GRANT_SEP}{purpose}"
+
+
+def grants_at(grants: tuple[GrantClaim, ...], name: str) -> tuple[GrantClaim, ...]:
+    """The proxy token's grants for upstream or destination ``name``, purposes without the prefix
+    (what the gateway pipeline's purpose step expects)."""
+    prefix = name + PROXY_GRANT_SEP
+    return tuple(GrantClaim(g.purpose[len(prefix):], g.params)
+                 for g in grants if g.purpose.startswith(prefix) and len(g.purpose) > len(prefix))
+
+
 def b64url(raw: bytes) -> str:
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 

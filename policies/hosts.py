@@ -15,12 +15,14 @@ are refused at load with a message saying how to write the name instead.
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass
-
-from policies.origins import host_ok
 
 MAX_HOST = 253
 WILDCARD = "*."
+# lower-case labels as in policies.origins.HOST_LABEL ('_' kept for container service names);
+# one regex for the whole name: the proxy judges every CONNECT with it
+_DNS_NAME = re.compile(r"(?!-)[a-z0-9_-]{1,63}(?<!-)(?:\.(?!-)[a-z0-9_-]{1,63}(?<!-))*")
 
 
 class HostError(ValueError):
@@ -31,14 +33,19 @@ class HostError(ValueError):
 
 
 def is_ip_literal(host: str) -> bool:
-    """An IP address in any form a resolver or URL parser would read as one."""
+    """An IP address in any form a resolver or URL parser would read as one: IPv6 (with or
+    without brackets), or a name whose last label is numeric or hex (``10.0.0.1``, ``2130706433``,
+    ``0x7f.1``: inet_aton and WHATWG read those as IPv4)."""
     bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    try:
-        ipaddress.ip_address(bare)
-    except ValueError:
-        last = bare.rstrip(".").rsplit(".", 1)[-1].lower()
-        return bool(last) and (last.isdigit() or last.startswith("0x"))
-    return True
+    if ":" in bare:  # only an IPv6 literal has one; tried first, the common names never pay for it
+        try:
+            ipaddress.ip_address(bare)
+        except ValueError:
+            pass
+        else:
+            return True
+    last = bare.rstrip(".").rsplit(".", 1)[-1].lower()
+    return bool(last) and (last.isdigit() or last.startswith("0x"))
 
 
 def canonical_host(host: str) -> str | None:
@@ -51,7 +58,9 @@ def canonical_host(host: str) -> str | None:
 
 
 def _dns_name(host: str) -> bool:
-    return 0 < len(host) <= MAX_HOST and ":" not in host and host_ok(host)
+    """Lower-case labels of letters, digits, '-' and '_' (never first or last '-'), at most 63
+    each, 253 in all. IP literals are judged before (``is_ip_literal``)."""
+    return len(host) <= MAX_HOST and _DNS_NAME.fullmatch(host) is not None
 
 
 @dataclass(frozen=True)

@@ -101,7 +101,7 @@ def _via_broker(client: httpx.Client, source: str, method: str, path: str,
 @BROKER_OPTION
 @click.option("--run", "run_id", help="one run: its tokens stop everywhere; its Vault tokens are revoked")
 @click.option("--runtime", help="every run this runtime started, and its new mints")
-@click.option("--upstream", help="kill switch for one gateway's audience")
+@click.option("--upstream", help="kill switch for one upstream's audience, or one destination")
 @click.option("--all", "everything", is_flag=True, help="every token and every mint")
 @click.option("--reason", default="", help="why (recorded with who and when)")
 @click.option("--lift", is_flag=True, help="lift a runtime, upstream or global revocation")

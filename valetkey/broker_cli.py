@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import click
@@ -69,7 +70,7 @@ def vault_token_refused(addr: str, token: str) -> str:
 
 
 def parse_grant(text: str) -> dict[str, Any]:
-    """``UPSTREAM:PURPOSE[:k=v,k=v]`` → grant object."""
+    """``UPSTREAM:PURPOSE[:k=v,k=v]`` → grant object (UPSTREAM may name a destination)."""
     upstream, _, rest = text.partition(":")
     purpose, _, params_text = rest.partition(":")
     if not upstream or not purpose:
@@ -95,17 +96,45 @@ def run_group() -> None:
 @click.option("--ttl", default=None, help="Run lifetime, e.g. 15m [default: the broker's].")
 @click.option("--format", "fmt", type=click.Choice(["json", "env"]), default="json", show_default=True,
               help="json: the whole bundle; env: dotenv lines for the sandbox.")
-def run_create(broker: str | None, grants: tuple[str, ...], ttl: str | None, fmt: str) -> None:
-    """Mint a run bundle with a runtime's VAULT_TOKEN."""
+@click.option("--files-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+              metavar="DIR", help="Write the bundle's files (the proxy CA) under DIR and point the "
+                                  "env variables that name them there.")
+def run_create(broker: str | None, grants: tuple[str, ...], ttl: str | None, fmt: str,
+               files_dir: Path | None) -> None:
+    """Mint a run bundle with a runtime's VAULT_TOKEN (UPSTREAM may name a destination)."""
     body: dict[str, Any] = {"grants": [parse_grant(g) for g in grants]}
     if ttl:
         body["ttl"] = ttl
     with broker_client(broker) as client:
         bundle = show(client.post("/v1/runs", json=body))
+    if files_dir is not None:
+        bundle = write_files(bundle, files_dir)
     if fmt == "env":
         click.echo(bundle["dotenv"], nl=False)
     else:
         click.echo(json.dumps(bundle, indent=2))
+
+
+def write_files(bundle: dict[str, Any], directory: Path) -> dict[str, Any]:
+    """Write each of the bundle's files at DIR/<its path>; the env variables naming a file (the CA
+    variables) and the dotenv are rewritten to the written paths."""
+    from broker.bundle import dotenv
+
+    moved: dict[str, str] = {}
+    for path, content in (bundle.get("files") or {}).items():
+        parts = PurePosixPath(path).parts
+        if not PurePosixPath(path).is_absolute() or ".." in parts or len(parts) < 2:
+            fail(f"the bundle names a file at {path!r}, which is not an absolute path")
+        target = directory.joinpath(*parts[1:])
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(content, encoding="utf-8")
+        except OSError as exc:
+            fail(f"cannot write {target}: {exc.strerror or type(exc).__name__}")
+        moved[path] = str(target.resolve())
+    env = {key: moved.get(value, value) for key, value in bundle["env"].items()}
+    return {**bundle, "env": env, "dotenv": dotenv(env),
+            "files": {moved[p]: c for p, c in (bundle.get("files") or {}).items()}}
 
 
 @run_group.command("show")

@@ -145,8 +145,10 @@ def test_bundle_in_proxy_mode(brokers: dict[str, Broker]) -> None:
         public = read_public(client)
     pem = bundle["files"]["/etc/valetkey/ca.pem"]
     assert list(bundle["files"]) == ["/etc/valetkey/ca.pem"]
-    assert pem == public + ROOTS  # the proxy CA (current, previous), then the trusted roots
-    assert load_certs(public)
+    assert pem.endswith(ROOTS)  # the proxy CA (current, previous), then the trusted roots
+    served = load_certs(pem.removesuffix(ROOTS))
+    assert 1 <= len(served) <= 2
+    assert set(served) & set(load_certs(public))  # (another test may have rotated since)
     assert f"HTTPS_PROXY=http://run:{token}@127.0.0.1:8480\n" in bundle["dotenv"]
 
 
@@ -261,3 +263,49 @@ def test_trust_file_defaults_to_a_system_or_certifi_bundle() -> None:
     assert settings.proxy.trust_file is not None
     assert settings.proxy.trust_file.is_file()
     assert settings.proxy.audience == "egress"
+
+
+def test_run_create_writes_bundle_files(brokers: dict[str, Broker], tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from valetkey.cli import main
+
+    broker = brokers["proxy"]
+    assert mint(broker, PYPI).status_code == 201  # the broker has read its CA
+    env = {"VAULT_TOKEN": broker.vault.runtime_token("coding-agent")}
+    result = CliRunner().invoke(main, ["run", "create", "--broker", broker.url, "--grant", "pypi:connect",
+                                       "--files-dir", str(tmp_path / "sandbox"), "--format", "env"], env=env)
+
+    assert result.exit_code == 0, result.output
+    written = tmp_path / "sandbox" / "etc" / "valetkey" / "ca.pem"
+    assert load_certs(written.read_text().removesuffix(ROOTS))
+    lines = dict(line.split("=", 1) for line in result.stdout.splitlines())
+    assert {lines[v] for v in CA_VARS} == {str(written.resolve())}
+    assert lines["HTTPS_PROXY"].startswith("http://run:")
+
+
+def test_coding_agent_at_max_grants_with_longest_github_names_fits() -> None:
+    """8 grants (its max_grants), GitHub's longest owner (39) and repo (100) names: every token,
+    the proxy token with all 8 grants included, stays under MAX_TOKEN_BYTES."""
+    from broker.grants import parse_run_request
+    from policies.load import SHIPPED_POLICY_DIR, load_policy_dir
+
+    policies = load_policy_dir(SHIPPED_POLICY_DIR)
+    runtime = policies.runtimes["coding-agent"]
+    repo = {"owner": "o" * 39, "repo": "r" * 100}
+    grants = [{"upstream": "github", "purpose": p, "params": repo}
+              for p in ("read_repo", "read_issues", "open_pull_request")]
+    grants += [{"upstream": "github-git", "purpose": p, "params": repo} for p in ("clone", "push")]
+    grants += [codeload(**repo), PYPI, {**DOCS}]
+    assert len(grants) == runtime.max_grants
+    request = parse_run_request({"grants": grants}, runtime, policies, 900, proxy=True)
+    claims = run_claims(request=request, policies=policies, proxy=broker_settings_for_size().proxy,
+                        issuer="http://valetkey-broker.example.internal:8400", run_id="run_" + "x" * 22,
+                        runtime="coding-agent", now=1_900_000_000, key_name="valetkey-tokens")
+
+    from contract.claims import token_bytes
+
+    sizes = [token_bytes(c, "valetkey-tokens") for c in claims.all()]
+    assert max(sizes) <= MAX_TOKEN_BYTES
+    assert claims.proxy is not None
+    assert len(claims.proxy.grants) == 8

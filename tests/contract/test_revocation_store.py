@@ -202,3 +202,36 @@ def test_a_run_revocation_outlives_its_tokens_leeway(past_exp: int, kept: bool) 
     current = RevocationSet([revocation])
     current.forget_expired(NOW)
     assert any(r.name == "run_x" for r in current.records()) is kept
+
+
+def _proxy_claims(iat: int = 1000) -> Any:
+    from contract.claims import AccessClaims, GrantClaim, params_view
+
+    return AccessClaims(iss="i", sub="run_x", aud="egress", exp=iat + 60, nbf=iat, iat=iat, jti="j",
+                        client_id="coding-agent", grants=(GrantClaim("pypi/connect", params_view({})),))
+
+
+@pytest.mark.parametrize(
+    ("revoked", "target", "covered"),
+    [
+        pytest.param("pypi", "pypi", True, id="destination-revoked-used-there"),
+        pytest.param("pypi", "python-docs", False, id="destination-revoked-used-elsewhere"),
+        pytest.param("pypi", "", False, id="destination-revoked-no-target"),
+        pytest.param("egress", "", True, id="the-proxy-audience-itself"),
+        pytest.param("openai", "openai", True, id="upstream-revoked-used-through-the-proxy"),
+    ],
+)
+def test_an_upstream_revocation_covers_a_proxy_token_at_that_name(revoked: str, target: str,
+                                                                   covered: bool) -> None:
+    from contract.revocations import RevocationSet, new_revocation
+
+    claims = _proxy_claims()
+    revocations = RevocationSet([new_revocation(Scope.UPSTREAM, revoked, "sec", "t", now=2000)])
+
+    assert (revocations.find(claims, target) is not None) is covered
+    if covered:
+        from contract.errors import TokenInvalid
+
+        with pytest.raises(TokenInvalid) as info:
+            revocations.check(claims, target)
+        assert info.value.code == "token_revoked"

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from policies.templates import PathTemplate, TemplateError, value_widens
 
@@ -241,3 +243,28 @@ def test_value_does_not_widen(value: str) -> None:
 
     assert not value_widens(value)
     assert template.matches(("repos", "octo", "hello", "issues", value), {**OCTO, "number": value})
+
+
+# Property: a template with a tail matches exactly the paths a plain reading of it allows:
+# its literal prefix segment for segment, then only whole, non-dot segments (one final empty one
+# for a trailing slash). Segments come from a small alphabet so that near misses are common.
+_SEG = st.sampled_from(["a", "b", "ab", "", ".", "..", "a/b", "A", "a.b", "%2e"])
+
+
+def _reference(prefix: list[str], tail: bool, path: tuple[str, ...]) -> bool:
+    if tuple(path[: len(prefix)]) != tuple(prefix):
+        return False
+    rest = path[len(prefix):]
+    if not tail:
+        return not rest
+    body = rest[:-1] if rest and rest[-1] == "" else rest
+    return all(s not in ("", ".", "..") and "/" not in s for s in body)
+
+
+@settings(max_examples=400, deadline=None)
+@given(prefix=st.lists(st.sampled_from(["a", "b", "ab", "a.b"]), min_size=1, max_size=3),
+       tail=st.booleans(), path=st.lists(_SEG, max_size=6))
+def test_tail_never_widens_past_its_prefix(prefix: list[str], tail: bool, path: list[str]) -> None:
+    template = PathTemplate.parse("/" + "/".join(prefix) + ("/**" if tail else ""))
+
+    assert template.matches(tuple(path), {}) is _reference(prefix, tail, tuple(path))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType
@@ -544,3 +545,22 @@ def test_proxy_policy_names_every_upstream_secret_and_the_ca() -> None:
     assert paths == sorted({"secret/data/valetkey/proxy/ca", "secret/data/valetkey/proxy/ca-next",
                             "secret/data/valetkey/proxy/ca-public",
                             *(u.secret.api_path for u in policies.upstreams.values())})
+
+
+def test_proxy_ca_cli_show_and_rotate(bootstrapped_vault: DevVault) -> None:
+    bv = bootstrapped_vault
+    env = {"VAULT_ADDR": bv.addr, "VAULT_TOKEN": bv.admin_token}
+    runner = CliRunner()
+
+    rotated = runner.invoke(main, ["proxy", "ca", "rotate"], env=env)
+    shown = runner.invoke(main, ["proxy", "ca", "show", "--json"], env=env)
+    pem = runner.invoke(main, ["proxy", "ca", "show", "--pem"], env=env)
+    refused = runner.invoke(main, ["proxy", "ca", "rotate"], env={**env, "VAULT_TOKEN": bv.broker_token})
+
+    assert rotated.exit_code == 0, rotated.output
+    assert "2 certificate(s) in ca-public" in rotated.stdout
+    assert [c["role"] for c in json.loads(shown.stdout)["certs"]] == ["current", "previous"]
+    assert len(load_certs(pem.stdout)) == 2
+    assert "PRIVATE" not in shown.stdout + pem.stdout + rotated.stdout
+    assert refused.exit_code == 1
+    assert "refused the token" in refused.stderr
