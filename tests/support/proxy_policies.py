@@ -21,20 +21,24 @@ UPSTREAM_HOSTS = {"openai": "api.openai.com", "anthropic": "api.anthropic.com", 
                   "github-git": "github.com"}
 INDEX_HOST = "pypi.org"
 METADATA_HOST = "docs.intranet.test"  # resolved to 169.254.169.254 by the test resolver map
-DESTINATION_HOSTS = {"pypi": INDEX_HOST, "pythonhosted": FILES_HOST, "intranet": METADATA_HOST}
+MIRROR_HOST = "mirror.pkgs.example"  # plain http (port 80): the index again, without TLS
 RUNTIME = "proxy-agent"
 RUNTIME_POLICY = f"valetkey-runtime-{RUNTIME}"
 # the one purpose of each plain destination (a tunnel's is always `connect`)
-DESTINATION_PURPOSE = {"pypi": "install", "pythonhosted": "connect", "intranet": "connect"}
+DESTINATION_PURPOSE = {"pypi": "install", "pythonhosted": "connect", "intranet": "connect", "mirror": "install"}
 
 
 def destination_documents() -> dict[str, dict[str, Any]]:
     common = {"version": 1, "kind": "destination", "ports": [443], "allow_private": True}
+    install = {"install": {"why": "Read the simple index.", "methods": ["GET", "HEAD"],
+                           "paths": ["/simple/{package}/"]}}
     return {
         "pypi": {**common, "name": "pypi", "description": "The package index pages (terminated).",
                  "why": "Install Python packages the task needs.", "host": INDEX_HOST, "tls": "terminate",
-                 "purposes": {"install": {"why": "Read the simple index.", "methods": ["GET", "HEAD"],
-                                          "paths": ["/simple/{package}/"]}}},
+                 "purposes": install},
+        "mirror": {**common, "name": "mirror", "description": "A plain-http mirror of the index.",
+                   "why": "Plain http follows the same rules.", "host": MIRROR_HOST, "ports": [80],
+                   "tls": "terminate", "purposes": install},
         "pythonhosted": {**common, "name": "pythonhosted", "description": "Package files (tunnelled).",
                          "why": "Download the files the index links to.", "host": FILES_HOST, "tls": "tunnel"},
         "intranet": {**common, "name": "intranet", "description": "A name that resolves to the metadata address.",

@@ -33,6 +33,7 @@ from tests.support.package_index import FILES_HOST, FileHost, SimpleIndex, build
 from tests.support.proxy_policies import (
     INDEX_HOST,
     METADATA_HOST,
+    MIRROR_HOST,
     RUNTIME,
     UPSTREAM_HOSTS,
     proxy_grants,
@@ -113,6 +114,27 @@ class ProxyStack:
         bundle: dict[str, Any] = response.json()
         return bundle
 
+    def mint_cli(self, root: Path, *names: str) -> tuple[dict[str, Any], Sandbox]:
+        """Mint with ``valetkey run create --files-dir root/files`` (the CLI a sandbox runtime
+        uses) and build the sandbox from what it printed."""
+        grants = [f"{g['upstream']}:{g['purpose']}" + (":" + ",".join(f"{k}={v}" for k, v in g["params"].items())
+                                                         if g["params"] else "") for g in proxy_grants(*names)]
+        argv = [sys.executable, "-c", "from valetkey.cli import main; main()", "run", "create",
+                "--broker", self.broker_url, "--files-dir", str(root / "files"), "--format", "json"]
+        for grant in grants:
+            argv += ["--grant", grant]
+        done = subprocess.run(argv, env={"PATH": os.environ.get("PATH", os.defpath),
+                                         "VAULT_TOKEN": self.vault.runtime_token(RUNTIME)},
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        bundle: dict[str, Any] = json.loads(done.stdout)
+        for path in bundle.get("files") or {}:
+            assert Path(path).is_relative_to((root / "files").resolve()), path
+        home = root / "home"
+        home.mkdir(parents=True, exist_ok=True)
+        env = {**bundle["env"], "PATH": os.environ.get("PATH", os.defpath), "HOME": str(home), "LANG": "C.UTF-8"}
+        return bundle, Sandbox(env, home, {p: Path(p) for p in bundle.get("files") or {}})
+
     def revoke(self, run_id: str) -> None:
         response = httpx.post(f"{self.broker_url}/v1/revocations", json={"scope": "run", "name": run_id},
                               headers={"X-Vault-Token": self.vault.admin_token}, timeout=10)
@@ -146,7 +168,7 @@ class ProxyStack:
 
 
 def _resolve_map(servers: Mapping[str, TlsServer]) -> str:
-    pairs = [f"{server.hostname}:443={server.address}" for server in servers.values()]
+    pairs = [f"{server.hostname}:{server.public_port}={server.address}" for server in servers.values()]
     return ",".join([*pairs, f"{METADATA_HOST}:443={METADATA_ADDRESS}"])
 
 
@@ -205,6 +227,8 @@ def proxy_stack(redis_url: str, workdir: Path) -> Iterator[ProxyStack]:
         apps["pypi"], apps["pythonhosted"] = SimpleIndex(wheel=wheel), FileHost(wheel=wheel)
         hosts = {**UPSTREAM_HOSTS, "pypi": INDEX_HOST, "pythonhosted": FILES_HOST}
         servers = {name: stack.enter_context(TlsServer(hosts[name], app, ca)) for name, app in apps.items()}
+        # a plain-http mirror of the index: absolute-form requests through the proxy
+        servers["mirror"] = stack.enter_context(TlsServer(MIRROR_HOST, SimpleIndex(wheel=wheel), None))
         broker_port, proxy_port = free_port(), free_port()
         broker_url, proxy_url = f"http://127.0.0.1:{broker_port}", f"http://127.0.0.1:{proxy_port}"
         settings = BrokerSettings.from_env({

@@ -74,10 +74,13 @@ class CountingSocket(socket.socket):
 
 
 class TlsServer:
-    """``app`` served over TLS as ``hostname`` on ``LOOPBACK:port`` (a free port when 0)."""
+    """``app`` served over TLS as ``hostname`` on ``LOOPBACK:port`` (a free port when 0); with
+    ``ca=None`` over plain HTTP (what a port-80 destination reaches). ``public_port`` is the port
+    clients name (443, or 80 for plain HTTP)."""
 
-    def __init__(self, hostname: str, app: Any, ca: TestCA, port: int = 0) -> None:
+    def __init__(self, hostname: str, app: Any, ca: TestCA | None, port: int = 0) -> None:
         self.hostname = hostname
+        self.public_port = 443 if ca is not None else 80
         self.app = app
         self.sni: list[str | None] = []
         self._sock = CountingSocket(socket.AF_INET, socket.SOCK_STREAM)
@@ -88,7 +91,8 @@ class TlsServer:
         config = uvicorn.Config(app, host=LOOPBACK, port=self.port, log_level="warning", access_log=False,
                                 lifespan="off", http="h11", loop="asyncio", server_header=False)
         config.load()
-        config.ssl = ca.server_context(hostname, self.sni)
+        if ca is not None:
+            config.ssl = ca.server_context(hostname, self.sni)
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._run, name=f"tls-{hostname}", daemon=True)
         self._failed: BaseException | None = None

@@ -19,6 +19,7 @@ import pytest
 from tests.e2e.conftest import Ran, assert_never_saw, files_with, require_binary, run_client
 from tests.e2e.proxy.conftest import every_secret, names_destination, sandbox_for
 from tests.support.package_index import GREETING, MODULE, PROJECT, WHEEL_PATH
+from tests.support.proxy_policies import MIRROR_HOST
 from tests.support.proxy_stack import ProxyStack
 from valetkey.dev.demo.git_http import GIT_USERNAME
 from valetkey.dev.demo.github_like import DEMO_OWNER, DEMO_REPO
@@ -87,6 +88,25 @@ def test_curl_terminated_destination_and_placeholder(stack: ProxyStack, tmp_path
                for x in lines), lines
 
 
+def test_curl_plain_http(stack: ProxyStack, tmp_path: Path) -> None:
+    """Absolute-form ``http://`` through ``HTTP_PROXY``: the same rules, the credential on the request."""
+    bundle, box = sandbox_for(stack, tmp_path, "mirror")
+    mirror = stack.upstreams["mirror"]
+    before = len(mirror.app.seen)
+
+    index = curl(box.env, tmp_path / "index", f"http://{MIRROR_HOST}/simple/{PROJECT}/")
+    refused = curl(box.env, tmp_path / "refused", f"http://{MIRROR_HOST}/simple/")
+
+    assert index[1] == 200
+    assert WHEEL_PATH in index[2]
+    assert (refused[1], json.loads(refused[2])["error"]) == (403, "purpose_not_granted")
+    assert [h.path for h in mirror.app.seen[before:]] == [f"/simple/{PROJECT}/"]
+    assert not any(k == "proxy-authorization" for h in mirror.app.seen[before:] for k, _ in h.headers)
+    lines = [x for x in stack.run_audit(bundle["run_id"], 2) if names_destination(x, "mirror")]
+    assert sorted((x.get("decision"), x.get("reason")) for x in lines) == [
+        ("allow", "ok"), ("deny", "purpose_not_granted")], lines
+
+
 @pytest.mark.slow
 def test_git_clone_and_push(stack: ProxyStack, tmp_path: Path) -> None:
     git = require_binary("git")
@@ -125,7 +145,8 @@ def test_git_clone_and_push(stack: ProxyStack, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_pip_install_from_https_index(stack: ProxyStack, tmp_path: Path) -> None:
-    bundle, box = sandbox_for(stack, tmp_path, "pypi", "pythonhosted")
+    # minted as a sandbox runtime would: `valetkey run create --files-dir` writes the CA file
+    bundle, box = stack.mint_cli(tmp_path / "sandbox", "pypi", "pythonhosted")
     target = tmp_path / "target"
     files_before = stack.upstreams["pythonhosted"].connections
 

@@ -18,11 +18,11 @@ import pytest
 
 from tests.support import proxy_client
 from tests.support.proxy_client import Answer
-from tests.support.proxy_policies import INDEX_HOST, METADATA_HOST
+from tests.support.proxy_policies import INDEX_HOST, METADATA_HOST, MIRROR_HOST
 from tests.support.proxy_stack import ProxyStack, make_sandbox
 
 FILES_HOST = "files.pythonhosted.org"
-GRANTED = ("openai", "pypi", "pythonhosted", "intranet")
+GRANTED = ("openai", "pypi", "pythonhosted", "intranet", "mirror")
 REALM = 'Basic realm="valetkey proxy"'
 REVOCATION_WAIT = 10.0
 
@@ -191,6 +191,10 @@ PLAIN_CASES = [
     pytest.param("http://evil.example.com/", "run", 403, "destination_not_allowed", id="unknown-host"),
     pytest.param(f"http://{INDEX_HOST}/simple/x/", "run", 403, "destination_port_not_allowed", id="port-80-not-named"),
     pytest.param("http://127.0.0.1/", "run", 403, "destination_ip_literal", id="ip-literal"),
+    pytest.param("http://api.openai.com/v1/models", "run", 403, "destination_port_not_allowed",
+                 id="https-upstream-over-http"),
+    pytest.param(f"http://{MIRROR_HOST}/admin/", "run", 403, "purpose_not_granted", id="path-not-granted"),
+    pytest.param(f"http://{MIRROR_HOST}/simple/x/", "garbage", 407, "invalid_token", id="invalid-credential"),
 ]
 
 
