@@ -166,6 +166,12 @@ class ProxyStack:
     def run_audit(self, run_id: str, count: int = 1, timeout: float = 10.0) -> list[dict[str, Any]]:
         return self.audit(lambda line: line.get("run") == run_id, count, timeout)
 
+    def request_line(self, request_id: str | None) -> dict[str, Any]:
+        """The one request audit line (kind ``request``) of ``request_id``."""
+        lines = self.audit(lambda x: x["_kind"] == "request" and x.get("request_id") == request_id)
+        assert len(lines) == 1, f"{len(lines)} audit lines for request {request_id}"
+        return lines[0]
+
 
 def _resolve_map(servers: Mapping[str, TlsServer]) -> str:
     pairs = [f"{server.hostname}:{server.public_port}={server.address}" for server in servers.values()]

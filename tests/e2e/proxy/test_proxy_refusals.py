@@ -55,10 +55,7 @@ RUN_KINDS = ("run", "other-audience")  # credentials whose run the proxy can nam
 
 
 def audit_line(stack: ProxyStack, answer: Answer) -> dict[str, Any]:
-    request_id = answer.json().get("request_id")
-    lines = stack.audit(lambda x: x.get("request_id") == request_id)
-    assert lines, f"no audit line for request {request_id}"
-    return lines[-1]
+    return stack.request_line(answer.json().get("request_id"))
 
 
 def refused_connect(stack: ProxyStack, target: str, token: str | None) -> Answer:
