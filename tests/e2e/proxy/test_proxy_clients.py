@@ -88,6 +88,19 @@ def test_curl_terminated_destination_and_placeholder(stack: ProxyStack, tmp_path
                for x in lines), lines
 
 
+def test_curl_outside_host_refused(stack: ProxyStack, tmp_path: Path) -> None:
+    """What an unmodified client sees of a host outside the allowlist: its CONNECT refused."""
+    bundle, box = sandbox_for(stack, tmp_path, "pypi")
+    before = stack.connections()
+    ran = run_client(["curl", "-sS", "-v", "https://pypi.example.com/simple/"], box.env, cwd=tmp_path)
+    assert ran.returncode != 0
+    assert re.search(r"CONNECT tunnel failed, response 403|Received HTTP code 403 from proxy", ran.stderr), ran.stderr
+    assert stack.connections() == before
+    lines = stack.audit(lambda x: x.get("run") == bundle["run_id"] and x.get("method") == "CONNECT")
+    assert [(x.get("path"), x.get("decision"), x.get("reason")) for x in lines] == [
+        ("pypi.example.com:443", "deny", "destination_not_allowed")]
+
+
 def test_curl_plain_http(stack: ProxyStack, tmp_path: Path) -> None:
     """Absolute-form ``http://`` through ``HTTP_PROXY``: the same rules, the credential on the request."""
     bundle, box = sandbox_for(stack, tmp_path, "mirror")
