@@ -119,6 +119,8 @@ async def readyz(request: Request) -> Response:
     svc = services(request)
     checks = {"vault": await svc.vault.healthy(), "vault_token": await svc.vault.token_valid(),
               "redis": await svc.runs.ping()}
+    if svc.proxy_trust is not None:  # no mint can succeed before the proxy CA has been read
+        checks["proxy_ca"] = svc.proxy_trust.ready
     ok = all(checks.values())
     body: dict[str, Any] = {"status": "ready" if ok else "not_ready", "checks": checks}
     if not ok:

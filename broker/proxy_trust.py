@@ -50,6 +50,11 @@ class ProxyTrust:
         self._pem = certs + self._roots
         return True
 
+    @property
+    def ready(self) -> bool:
+        """A good read happened: bundles can be minted (``/readyz`` check ``proxy_ca``)."""
+        return self._pem is not None
+
     def bundle_pem(self) -> str:
         """The CA file for a bundle, from memory; 503 proxy_ca_unavailable before a good read."""
         if self._pem is None:

@@ -19,7 +19,7 @@ import base64
 import binascii
 from dataclasses import dataclass, replace
 
-from contract.claims import AccessClaims, GrantClaim
+from contract.claims import AccessClaims, grants_at
 from contract.errors import BadRequest, Forbidden, Reason, TokenInvalid, Unauthenticated, ValetkeyError
 from contract.verify import TokenVerifier
 from gateways.audit import AuditRecord
@@ -96,10 +96,7 @@ async def verify(hub: Hub, token: str, record: AuditRecord) -> AccessClaims:
 
 def narrowed(claims: AccessClaims, name: str) -> AccessClaims:
     """The grants spelled ``name/purpose``, as the purposes of ``name`` (what ``authorize`` reads)."""
-    prefix = name + "/"
-    grants = tuple(GrantClaim(g.purpose[len(prefix):], g.params) for g in claims.grants
-                   if g.purpose.startswith(prefix))
-    return replace(claims, grants=grants)
+    return replace(claims, grants=grants_at(claims.grants, name))
 
 
 async def admit(hub: Hub, host: str, port: int, headers: Headers, record: AuditRecord) -> Admission:

@@ -20,6 +20,7 @@ import os
 import ssl
 import time
 from asyncio import sslproto
+from collections.abc import Callable
 from typing import Any
 
 import httptools
@@ -96,8 +97,7 @@ class ProxyProtocol(GatewayProtocol):
         """The end of a CONNECT head: from here the connection is the tunnel's (``rest`` is what
         the client sent after the head, the start of its side of the tunnel)."""
         assert self._connect is not None
-        self.transport.pause_reading()
-        self.connections.discard(self)
+        self.transport.pause_reading()  # it still counts against the connection limit until it ends
         hub = self.app_state.get(HUB_KEY)
         if not isinstance(hub, Hub):
             self.transport.close()
@@ -126,10 +126,13 @@ async def handle_connect(hub: Hub, protocol: ProxyProtocol, authority: bytes,
                          path=authority.decode("latin-1")[:300])
     expires = 0
     answered = False
+    release: Callable[[], None] | None = None
     try:
         host, port = parse_authority(authority)
         admission = await admit(hub, host, port, headers, record)
         expires = admission.claims.exp
+        if admission.route.tls is TlsMode.TUNNEL:  # a tunnel holds one of the run's slots throughout
+            release = admission.gateway.slots.acquire(admission.claims.sub)
         transport.write(ESTABLISHED)
         answered = True
         record.decision, record.reason = Decision.ALLOW, Reason.OK.value
@@ -157,6 +160,9 @@ async def handle_connect(hub: Hub, protocol: ProxyProtocol, authority: bytes,
                   type(exc).__name__)
         transport.close()
     finally:
+        if release is not None:
+            release()
+        protocol.connections.discard(protocol)
         record.duration_ms = round((time.perf_counter() - started) * 1000, 3)
         hub.base.audit.write(record, expires)
 
@@ -178,6 +184,7 @@ async def terminate(hub: Hub, protocol: ProxyProtocol, admission: Admission, tra
         raise BadRequest(f"the TLS handshake failed ({type(exc).__name__})",
                          Reason.TLS_HANDSHAKE_FAILED) from None
     record.status = 200
+    protocol.connections.discard(protocol)  # the inner connection counts from here on
     await inner.closed
 
 

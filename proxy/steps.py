@@ -1,6 +1,7 @@
 """The proxy's step lists: the gateway pipeline's own steps, with the tunnel's checks in front.
 
     UPSTREAM_STEPS     (a credentialed upstream's host)
+        (gateways.pipeline.STEPS with the tunnel's steps put in; see ``_derived``)
         check_request → check_tunnel → refuse_passthrough → authenticate → same_run → authorize
         → refuse_credential_fields → hold_run_slot → charge_budget → read_body → inject_secret
         → dial_and_stream
@@ -84,13 +85,17 @@ async def strip_credentials(gw: Gateway, ex: Exchange) -> None:
     ex.upstream_query = ex.query
 
 
-UPSTREAM_STEPS: tuple[p.Step, ...] = (
-    p.check_request, check_tunnel, p.refuse_passthrough, p.authenticate, same_run, p.authorize,
-    p.refuse_credential_fields, p.hold_run_slot, p.charge_budget, p.read_body, p.inject_secret,
-    p.dial_and_stream,
-)
-DESTINATION_STEPS: tuple[p.Step, ...] = (
-    p.check_request, check_tunnel, p.refuse_passthrough, authenticate_tunnel, p.authorize,
-    p.refuse_credential_fields, p.hold_run_slot, p.charge_budget, p.read_body, strip_credentials,
-    p.dial_and_stream,
-)
+def _derived(replace: dict[p.Step, p.Step], after: dict[p.Step, p.Step]) -> tuple[p.Step, ...]:
+    """The gateway's STEPS with some replaced and some inserted after others: a step added to the
+    gateway pipeline (approvals, a new check) runs in the proxy too, in the same place."""
+    steps: list[p.Step] = []
+    for step in p.STEPS:
+        steps.append(replace.get(step, step))
+        if step in after:
+            steps.append(after[step])
+    return tuple(steps)
+
+
+UPSTREAM_STEPS = _derived({}, {p.check_request: check_tunnel, p.authenticate: same_run})
+DESTINATION_STEPS = _derived({p.authenticate: authenticate_tunnel, p.inject_secret: strip_credentials},
+                             {p.check_request: check_tunnel})

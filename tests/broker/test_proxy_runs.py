@@ -309,3 +309,14 @@ def test_coding_agent_at_max_grants_with_longest_github_names_fits() -> None:
     assert max(sizes) <= MAX_TOKEN_BYTES
     assert claims.proxy is not None
     assert len(claims.proxy.grants) == 8
+
+
+def test_readyz_reports_the_proxy_ca(brokers: dict[str, Broker]) -> None:
+    assert mint(brokers["proxy"], CHAT).status_code == 201
+    with brokers["proxy"].client() as client:
+        ready = client.get("/readyz")
+    with brokers["no-ca"].client() as client:
+        not_ready = client.get("/readyz")
+
+    assert (ready.status_code, ready.json()["checks"]["proxy_ca"]) == (200, True)
+    assert (not_ready.status_code, not_ready.json()["checks"]["proxy_ca"]) == (503, False)

@@ -293,3 +293,15 @@ def test_ca_rotation_staged_then_signing(proxy_stack: ProxyStack, tmp_path: Any)
     assert issuer_trusted(str(new_only))
     proxy_stack.proxy_ca.write_text(both)  # what a bundle minted after the rotation carries
     assert old in both
+
+
+def test_the_proxy_runs_the_gateway_steps() -> None:
+    """Every gateway step runs in the proxy, in order: a step added to the pipeline is not skipped."""
+    from gateways import pipeline
+    from proxy.steps import DESTINATION_STEPS, UPSTREAM_STEPS, authenticate_tunnel, strip_credentials
+
+    assert [s for s in UPSTREAM_STEPS if s in pipeline.STEPS] == list(pipeline.STEPS)
+    swapped = {pipeline.authenticate: authenticate_tunnel, pipeline.inject_secret: strip_credentials}
+    assert [s for s in DESTINATION_STEPS if s in pipeline.STEPS] == [
+        s for s in pipeline.STEPS if s not in swapped]
+    assert set(swapped.values()) <= set(DESTINATION_STEPS)
