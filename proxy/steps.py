@@ -71,8 +71,11 @@ async def authenticate_tunnel(gw: Gateway, ex: Exchange) -> None:
 
 
 async def same_run(gw: Gateway, ex: Exchange) -> None:
-    """The placeholder is of the run the proxy credential names. Reason: run_mismatch."""
-    if ex.claims is None or ex.claims.sub != admission_of(ex).claims.sub:
+    """The placeholder is of the run the proxy credential names. Reason: run_mismatch (audited
+    against the proxy credential's run: the sandbox that sent another run's placeholder)."""
+    tunnel = admission_of(ex).claims
+    if ex.claims is None or ex.claims.sub != tunnel.sub:
+        ex.record.run, ex.record.runtime = tunnel.sub, tunnel.client_id
         raise Forbidden("the placeholder belongs to another run than the proxy credential",
                         Reason.RUN_MISMATCH)
 
