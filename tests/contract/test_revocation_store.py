@@ -1,5 +1,5 @@
 """The revocation hash read fail-closed field by field, lifting only what stands, and the purge of
-junk, against a real redis-server (a database of its own: the other tests' hash is untouched).
+junk, against a real redis-server of its own (the other tests' hash and channel are untouched).
 
 Live broker and gateways: ``tests/gateways/test_revocation.py``.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -27,13 +27,23 @@ from contract.revocations import (
     new_revocation,
     scope_of,
 )
+from valetkey.dev.services import RedisServer
 
 NOW = 1_800_000_000.0
 
 
+@pytest.fixture(scope="module")
+def own_redis() -> Iterator[RedisServer]:
+    """A redis-server of this module's own: revocations are announced on a pub/sub channel, which
+    Redis shares across databases, so a garbled block published here would reach (and, since
+    watchers write back what they hold, be stored by) every gateway of the session's server."""
+    with RedisServer() as server:
+        yield server
+
+
 @pytest.fixture
-async def client(redis_server: Any) -> AsyncIterator[aioredis.Redis]:
-    redis = aioredis.Redis.from_url(redis_server.url.rsplit("/", 1)[0] + "/6")
+async def client(own_redis: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    redis = aioredis.Redis.from_url(own_redis.url)
     await redis.delete(HASH)
     try:
         yield redis
