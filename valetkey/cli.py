@@ -12,7 +12,7 @@ from valetkey.admin_cli import COMMANDS as ADMIN_COMMANDS
 from valetkey.approvals_cli import approvals_group
 from valetkey.broker_cli import broker_group, keys_group, run_group
 from valetkey.cli_support import CONTEXT
-from valetkey.dev.stack import dev_command
+from valetkey.dev.command import dev_command
 from valetkey.gateway_cli import gateway_group
 from valetkey.proxy_cli import proxy_group
 from valetkey.secret_cli import secret_group
