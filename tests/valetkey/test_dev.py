@@ -70,7 +70,7 @@ def test_dev_stack_up_demo_and_clean_stop(tmp_path: Path) -> None:
         assert approved.returncode == 0, approved.stderr
         assert '"tag_name": "v1.0"' in waiting.communicate(timeout=30)[0]
         ready = httpx.get(f"http://127.0.0.1:{ports[2]}/readyz", timeout=5)
-        assert ready.json()["checks"] == {"vault": True, "vault_token": True, "redis": True}
+        assert ready.json()["checks"] == {"vault": True, "vault_token": True, "redis": True, "proxy_ca": True}
     finally:
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=30)
@@ -130,7 +130,7 @@ def test_dev_ha_stack(tmp_path: Path) -> None:
                               timeout=30, check=False)
         assert '"full_name": "acme/widgets"' in done.stdout
         ready = httpx.get(f"http://127.0.0.1:{ports[2]}/readyz", timeout=5)
-        assert ready.json()["checks"] == {"vault": True, "vault_token": True, "redis": True}
+        assert ready.json()["checks"] == {"vault": True, "vault_token": True, "redis": True, "proxy_ca": True}
     finally:
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
