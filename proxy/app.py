@@ -9,7 +9,6 @@ the gateway of the host it is for, and writes one audit line.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -20,6 +19,7 @@ from urllib.parse import urlsplit
 import uvicorn
 
 from contract.errors import BadRequest, Decision, Reason, ValetkeyError, render
+from gateways import lifespan
 from gateways.audit import AuditRecord
 from gateways.exchange import Receive, Send, new_exchange
 from gateways.pipeline import handle
@@ -33,7 +33,6 @@ from proxy.settings import ProxySettings
 from proxy.steps import DESTINATION_STEPS, UPSTREAM_STEPS
 
 log = logging.getLogger("valetkey.proxy")
-STOP_GRACE = 15.0
 RESERVED_PREFIX = "/.valetkey/"
 
 
@@ -121,36 +120,16 @@ class ProxyApp:
         return None
 
     async def _lifespan(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                hub: Hub | None = None
-                try:
-                    hub = Hub(self.settings, self.policies)
-                    await hub.start()
-                except Exception as exc:  # every start-up failure ends the process with its reason
-                    if hub is not None:
-                        await _stop_within(hub, STOP_GRACE)
-                    detail = getattr(exc, "detail", None) or str(exc) or type(exc).__name__
-                    self.startup_error = f"{getattr(exc, 'code', 'error')}: {detail}"
-                    await send({"type": "lifespan.startup.failed", "message": str(detail)})
-                    return
-                self.hub = hub
-                # the server's lifespan state: where each connection's ProxyProtocol finds the hub
-                scope["state"][HUB_KEY] = hub
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                if self.hub is not None:
-                    await _stop_within(self.hub, STOP_GRACE)
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+        def started(hub: Hub) -> None:
+            self.hub = hub
+            # the server's lifespan state: where each connection's ProxyProtocol finds the hub
+            scope["state"][HUB_KEY] = hub
 
+        await lifespan.run(receive, send, lambda: Hub(self.settings, self.policies), ready=started,
+                           failed=self._failed, log=log)
 
-async def _stop_within(hub: Hub, grace: float) -> None:
-    stopping = asyncio.ensure_future(hub.stop())
-    done, _ = await asyncio.wait({stopping}, timeout=grace)
-    if not done:
-        log.warning('{"event": "stop_abandoned", "after_s": %g}', grace)
+    def _failed(self, error: str) -> None:
+        self.startup_error = error
 
 
 def config(app: ProxyApp | str, settings: ProxySettings, log_level: str = "warning",
