@@ -8,8 +8,9 @@ With a proxy (``VALETKEY_PROXY_URL``) the bundle also carries
 * ``NO_PROXY``/``no_proxy``: empty with ``VALETKEY_EGRESS=proxy``; with ``gateway`` or ``both``
   the hosts of the run's gateways, which are reached directly, never through the proxy;
 * the CA file: ``files = {VALETKEY_SANDBOX_CA_PATH: PEM}`` and every variable common clients read
-  for one (``SSL_CERT_FILE``, ``REQUESTS_CA_BUNDLE``, ``CURL_CA_BUNDLE``, ``GIT_SSL_CAINFO``,
-  ``PIP_CERT``, ``NODE_EXTRA_CA_CERTS``) set to that path.
+  for one (``CA_VARS``) set to that path. npm gets its own (``npm_config_cafile``): a ``cafile``
+  in a global npmrc (common in images) makes npm ignore ``NODE_EXTRA_CA_CERTS``; the file holds
+  the public roots too, so naming it as npm's only store loses nothing.
 
 ``VALETKEY_EGRESS=proxy`` drops the base-URL variables (clients use their default hosts, through
 the proxy); placeholders stay, as the only credentials in the bundle.
@@ -30,7 +31,7 @@ from policies.model import PolicySet
 PROXY_VARS = ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy")
 NO_PROXY_VARS = ("NO_PROXY", "no_proxy")
 CA_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "PIP_CERT",
-           "NODE_EXTRA_CA_CERTS")
+           "NODE_EXTRA_CA_CERTS", "npm_config_cafile", "AWS_CA_BUNDLE", "CARGO_HTTP_CAINFO", "DENO_CERT")
 
 
 @dataclass(frozen=True)

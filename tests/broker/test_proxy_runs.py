@@ -31,8 +31,9 @@ PROXY = "http://127.0.0.1:8480"
 PYPI = {"destination": "pypi", "purpose": "connect"}
 DOCS = {"upstream": "python-docs", "purpose": "read"}
 CHAT = {"upstream": "openai", "purpose": "chat"}
+# what the issue names, and npm's own (a global npmrc's `cafile` hides NODE_EXTRA_CA_CERTS)
 CA_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "PIP_CERT",
-           "NODE_EXTRA_CA_CERTS")
+           "NODE_EXTRA_CA_CERTS", "npm_config_cafile")
 ROOTS = "-----BEGIN CERTIFICATE-----\nTEST-ROOTS\n-----END CERTIFICATE-----\n"
 
 

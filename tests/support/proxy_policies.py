@@ -1,6 +1,7 @@
 """The policy set of the proxy end-to-end tests: the demo upstreams at their real names, two plain
-destinations for a package index (one terminated, one tunnelled), one name that resolves to the
-metadata address, and a runtime allowed all of it.
+destinations for a package index (one terminated, one tunnelled), an npm registry (terminated), a
+wildcard destination (``*.docs.example``, tunnelled), one name that resolves to the metadata
+address, and a runtime allowed all of it.
 
 Every name resolves to loopback through the proxy's test resolver map, so each one says
 ``allow_private: true``; the metadata address stays refused whatever a policy says.
@@ -13,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from tests.support.npm_registry import NPM_HOST, NPM_PACKAGE
 from tests.support.package_index import FILES_HOST
 from valetkey.dev.demo.policies import ALERTS, demo_grants, upstream_documents
 
@@ -22,10 +24,14 @@ UPSTREAM_HOSTS = {"openai": "api.openai.com", "anthropic": "api.anthropic.com", 
 INDEX_HOST = "pypi.org"
 METADATA_HOST = "docs.intranet.test"  # resolved to 169.254.169.254 by the test resolver map
 MIRROR_HOST = "mirror.pkgs.example"  # plain http (port 80): the index again, without TLS
+DOCS_WILDCARD = "*.docs.example"  # a wildcard destination: one or more labels before docs.example
+# test servers under the wildcard (a name, a deeper name) and its apex, which it does not match
+DOCS_HOSTS = {"docs-a": "a.docs.example", "docs-deep": "deep.b.docs.example", "docs-apex": "docs.example"}
 RUNTIME = "proxy-agent"
 RUNTIME_POLICY = f"valetkey-runtime-{RUNTIME}"
 # the one purpose of each plain destination (a tunnel's is always `connect`)
-DESTINATION_PURPOSE = {"pypi": "install", "pythonhosted": "connect", "intranet": "connect", "mirror": "install"}
+DESTINATION_PURPOSE = {"pypi": "install", "pythonhosted": "connect", "intranet": "connect", "mirror": "install",
+                       "npm": "install", "docs": "connect"}
 
 
 def destination_documents() -> dict[str, dict[str, Any]]:
@@ -41,6 +47,14 @@ def destination_documents() -> dict[str, dict[str, Any]]:
                    "tls": "terminate", "purposes": install},
         "pythonhosted": {**common, "name": "pythonhosted", "description": "Package files (tunnelled).",
                          "why": "Download the files the index links to.", "host": FILES_HOST, "tls": "tunnel"},
+        "npm": {**common, "name": "npm", "description": "The npm registry (terminated).",
+                "why": "Install JavaScript packages the task needs.", "host": NPM_HOST, "tls": "terminate",
+                # an allowlist of packages: a bare `/{package}` would match every one-segment path
+                "purposes": {"install": {"why": "Read the allowed packages' documents and tarballs.",
+                                         "methods": ["GET", "HEAD"],
+                                         "paths": [f"/{NPM_PACKAGE}", f"/{NPM_PACKAGE}/-/{{tarball}}"]}}},
+        "docs": {**common, "name": "docs", "description": "Every documentation host under docs.example.",
+                 "why": "Read documentation.", "host": DOCS_WILDCARD, "tls": "tunnel"},
         "intranet": {**common, "name": "intranet", "description": "A name that resolves to the metadata address.",
                      "why": "Proves the egress guard judges the resolved address.", "host": METADATA_HOST,
                      "tls": "tunnel"},

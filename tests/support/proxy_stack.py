@@ -29,8 +29,10 @@ import redis
 from broker.app import create_app
 from broker.settings import BrokerSettings
 from policies.load import load_policy_dir
-from tests.support.package_index import FILES_HOST, FileHost, SimpleIndex, build_wheel
+from tests.support.npm_registry import NPM_HOST, NpmRegistry
+from tests.support.package_index import FILES_HOST, FileHost, Recording, SimpleIndex, build_wheel
 from tests.support.proxy_policies import (
+    DOCS_HOSTS,
     INDEX_HOST,
     METADATA_HOST,
     MIRROR_HOST,
@@ -90,6 +92,7 @@ class ProxyStack:
     proxy: subprocess.Popen[bytes]
     proxy_log: Path
     git_root: Path
+    proxy_env: dict[str, str] = field(default_factory=dict)  # what a further replica starts with
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -173,6 +176,16 @@ class ProxyStack:
         return lines[0]
 
 
+@dataclass
+class Page(Recording):
+    """A page naming the host that served it (the documentation hosts under a wildcard)."""
+
+    host: str = ""
+
+    def route(self, path: str) -> tuple[int, str, bytes]:
+        return 200, "text/plain", f"documentation from {self.host}{path}\n".encode()
+
+
 def _resolve_map(servers: Mapping[str, TlsServer]) -> str:
     pairs = [f"{server.hostname}:{server.public_port}={server.address}" for server in servers.values()]
     return ",".join([*pairs, f"{METADATA_HOST}:443={METADATA_ADDRESS}"])
@@ -231,7 +244,9 @@ def proxy_stack(redis_url: str, workdir: Path) -> Iterator[ProxyStack]:
         vault = DevVault.create(bao.addr, bao.root_token, policies)  # bootstrap: the CA, the proxy's policy
         apps: dict[str, Any] = {name: build_app(name, vault.secrets[name], workdir / "demo") for name in UPSTREAM_HOSTS}
         apps["pypi"], apps["pythonhosted"] = SimpleIndex(wheel=wheel), FileHost(wheel=wheel)
-        hosts = {**UPSTREAM_HOSTS, "pypi": INDEX_HOST, "pythonhosted": FILES_HOST}
+        apps["npm"] = NpmRegistry()
+        apps.update({name: Page(host=host) for name, host in DOCS_HOSTS.items()})
+        hosts = {**UPSTREAM_HOSTS, **DOCS_HOSTS, "pypi": INDEX_HOST, "pythonhosted": FILES_HOST, "npm": NPM_HOST}
         servers = {name: stack.enter_context(TlsServer(hosts[name], app, ca)) for name, app in apps.items()}
         # a plain-http mirror of the index: absolute-form requests through the proxy
         servers["mirror"] = stack.enter_context(TlsServer(MIRROR_HOST, SimpleIndex(wheel=wheel), None))
@@ -254,4 +269,5 @@ def proxy_stack(redis_url: str, workdir: Path) -> Iterator[ProxyStack]:
         }
         log = workdir / "proxy.log"
         proc = stack.enter_context(start_proxy(proxy_env, proxy_port, log))
-        yield ProxyStack(vault, broker_url, proxy_url, redis_url, ca, servers, proc, log, workdir / "demo" / "git")
+        yield ProxyStack(vault, broker_url, proxy_url, redis_url, ca, servers, proc, log, workdir / "demo" / "git",
+                         proxy_env)

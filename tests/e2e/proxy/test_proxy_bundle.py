@@ -18,8 +18,9 @@ from tests.e2e.proxy.conftest import every_secret, sandbox_for
 from tests.support.proxy_stack import ProxyStack
 
 PROXY_VARS = ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy")
+# what the issue names, and npm's own (a global npmrc's `cafile` hides NODE_EXTRA_CA_CERTS)
 CA_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "PIP_CERT",
-           "NODE_EXTRA_CA_CERTS")
+           "NODE_EXTRA_CA_CERTS", "npm_config_cafile")
 SANDBOX_CA_PATH = "/etc/valetkey/ca.pem"
 
 
