@@ -54,7 +54,7 @@ class NpmRegistry(Recording):
         integrity = "sha512-" + base64.b64encode(hashlib.sha512(self.tarball).digest()).decode()
         version = {"name": NPM_PACKAGE, "version": NPM_VERSION, "main": "index.js",
                    "dist": {"tarball": f"https://{NPM_HOST}{TARBALL_PATH}", "integrity": integrity,
-                            "shasum": hashlib.sha1(self.tarball).hexdigest()}}  # noqa: S324 (npm's format)
+                            "shasum": hashlib.sha1(self.tarball).hexdigest()}}  # npm's format
         return json.dumps({"name": NPM_PACKAGE, "dist-tags": {"latest": NPM_VERSION},
                            "versions": {NPM_VERSION: version}}).encode()
 

@@ -38,7 +38,8 @@ def test_npm_install_through_proxy(stack: ProxyStack, tmp_path: Path) -> None:
     assert lock["packages"][f"node_modules/{NPM_PACKAGE}"]["version"] == NPM_VERSION
 
     paths = [hit.path for hit in registry.seen[before:]]
-    assert f"/{NPM_PACKAGE}" in paths and TARBALL_PATH in paths, paths
+    assert f"/{NPM_PACKAGE}" in paths, paths
+    assert TARBALL_PATH in paths, paths
     # the proxy credential stays with the proxy: the registry never sees it
     assert not any(k == "proxy-authorization" for hit in registry.seen[before:] for k, _ in hit.headers)
     lines = [x for x in stack.run_audit(bundle["run_id"], 3) if names_destination(x, "npm")]
