@@ -16,7 +16,6 @@ goes unchanged into the 407/403 body, the audit line and the metric.
 from __future__ import annotations
 
 import base64
-import binascii
 from dataclasses import dataclass, replace
 
 from contract.claims import AccessClaims, grants_at
@@ -61,9 +60,9 @@ def credential(headers: Headers) -> str:
         raise _challenge(Unauthenticated("send the run's proxy credential (the HTTPS_PROXY of its bundle)",
                                          Reason.MISSING_TOKEN))
     scheme, _, encoded = values[0].decode("latin-1").strip().partition(" ")
-    try:
+    try:  # a non-ASCII value is a ValueError of its own (not binascii.Error)
         decoded = base64.b64decode(encoded.strip(), validate=True).decode("utf-8")
-    except (binascii.Error, UnicodeDecodeError):
+    except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors too
         decoded = ""
     _, sep, token = decoded.partition(":")
     if scheme.lower() != "basic" or not sep or not token:

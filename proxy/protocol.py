@@ -154,10 +154,14 @@ async def handle_connect(hub: Hub, protocol: ProxyProtocol, authority: bytes,
         task.uncancel()
         record.decision, record.reason = Decision.DENY, Reason.TOKEN_REVOKED.value
         transport.close()
-    except Exception as exc:  # a bug: close, record it, keep serving
+    except Exception as exc:  # a bug: answer if nothing was, record it, close, keep serving
         record.decision, record.reason = Decision.ERROR, Reason.INTERNAL_ERROR.value
         log.error('{"event":"internal_error","request_id":"%s","type":"%s"}', record.request_id,
                   type(exc).__name__)
+        if not answered:
+            record.status, refusal = _refusal(ValetkeyError("internal error", Reason.INTERNAL_ERROR),
+                                              record.request_id)
+            transport.write(refusal)
         transport.close()
     finally:
         if release is not None:

@@ -244,7 +244,8 @@ def connect_raw(stack: ProxyStack, authority: str, headers: dict[str, str]) -> t
     """Send a CONNECT by hand; returns the socket and the response head."""
     sock = socket.create_connection(("127.0.0.1", stack.proxy_port), timeout=5)
     lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    sock.sendall(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n{lines}\r\n".encode())
+    # latin-1: a header value may carry any byte (hostile-input cases send bytes outside ASCII)
+    sock.sendall(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n{lines}\r\n".encode("latin-1"))
     head = b""
     while b"\r\n\r\n" not in head:
         chunk = sock.recv(65536)

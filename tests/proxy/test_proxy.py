@@ -3,6 +3,7 @@ upstream connections, tunnels checked by SNI, terminated tunnels on the gateway 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import socket
@@ -104,6 +105,36 @@ def test_connect_refusals(proxy_stack: ProxyStack, authority: str, credential: s
     assert json_body(head)["error"] == reason
     if status == 407:
         assert b"proxy-authenticate: Basic" in head.lower().replace(b"basic", b"Basic")
+    assert {name: echo.connections for name, echo in proxy_stack.echoes.items()} == before
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+# hostile Proxy-Authorization values: each a 407 with its code and the challenge, never a silent close
+CREDENTIAL_CASES = [
+    pytest.param("Basic \xff\xfe", "missing_token", id="bytes-outside-ascii"),
+    pytest.param("Basic " + _b64(b"run:\xff\xfe"), "missing_token", id="not-utf8-inside"),
+    pytest.param("Basic " + _b64("run:ÿ".encode()), "invalid_token", id="utf8-not-a-token"),
+    pytest.param("Basic " + _b64(b"run:\x00\x00\x00"), "invalid_token", id="nul-token"),
+    pytest.param("Basic " + _b64(b"run:"), "missing_token", id="empty-password"),
+    pytest.param("Basic " + _b64(b"no-colon"), "missing_token", id="no-colon"),
+    pytest.param("Basic", "missing_token", id="scheme-only"),
+    pytest.param("Basic ===", "missing_token", id="padding-only"),
+    pytest.param("Bearer a.b.c", "missing_token", id="bearer-scheme"),
+    pytest.param("Basic " + "A" * 20000, "missing_token", id="long-zero-bytes"),
+]
+
+
+@pytest.mark.parametrize(("value", "reason"), CREDENTIAL_CASES)
+def test_hostile_proxy_credential(proxy_stack: ProxyStack, value: str, reason: str) -> None:
+    before = {name: echo.connections for name, echo in proxy_stack.echoes.items()}
+    sock, head = connect_raw(proxy_stack, f"{DOCS}:443", {"Proxy-Authorization": value})
+    sock.close()
+    assert head.startswith(b"HTTP/1.1 407"), head[:300]
+    assert json_body(head)["error"] == reason
+    assert b"proxy-authenticate: basic" in head.lower()
     assert {name: echo.connections for name, echo in proxy_stack.echoes.items()} == before
 
 
