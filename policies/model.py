@@ -218,6 +218,7 @@ class UnlistedHosts:
     approvers: str = ""  # an approver group of the enterprise document; "" = the security team
     timeout: int = DEFAULT_UNLISTED_TIMEOUT
     max_body: int = DEFAULT_UNLISTED_MAX_BODY
+    allow_private: bool = False  # as for destinations (on-premises hosts); metadata never
 
     def asks(self, host: str, port: int) -> bool:
         """May a request to canonical ``host`` on ``port`` wait for a person?"""
@@ -225,10 +226,11 @@ class UnlistedHosts:
 
     @cached_property
     def purpose(self) -> Purpose:
-        """What the pipeline authorizes such a request under: any method and path, this body
+        """What the pipeline holds such a request under: these methods, any path (no template:
+        ``proxy.steps.authorize_unlisted`` admits every path, a person judges it), this body
         limit, and an approval of every request."""
         return Purpose(name=UNLISTED_PURPOSE, why="A host outside the policy, asked about per request.",
-                       methods=UNLISTED_METHODS, paths=(PathTemplate.parse("/**"),), params=(),
+                       methods=UNLISTED_METHODS, paths=(), params=(),
                        limits=Limits(max_body=self.max_body),
                        approval=Approval(approvers=self.approvers, timeout=self.timeout))
 

@@ -7,6 +7,7 @@ unlisted_hosts:              # optional; absent = never ask (403 destination_not
   approvers: vendors         # optional: an approver group of the enterprise document
   timeout: 5m                # how long one request waits for a person: 1s..1h, default 5m
   max_body: 64KiB            # a held request's body limit: at most 1MiB, default 64KiB
+  allow_private: false       # as for destinations: private addresses too; metadata never
 ```
 
 Only the egress proxy reads it. Nothing is granted: every request to such a host waits for a
@@ -38,7 +39,8 @@ MAX_BODY_CEILING = 1024 * 1024  # a held body is kept in memory while a person d
 
 def unlisted_hosts(value: Any, rule: str, r: Report) -> UnlistedHosts | None:
     doc = mapping(value, rule, r)
-    if doc is None or not keys(doc, rule, {"ask"}, {"ports", "approvers", "timeout", "max_body"}, r):
+    optional = {"ports", "approvers", "timeout", "max_body", "allow_private"}
+    if doc is None or not keys(doc, rule, {"ask"}, optional, r):
         return None
     patterns = _patterns(doc["ask"], f"{rule} ask", r)
     ports = _ports(doc.get("ports", [443]), f"{rule} ports", r)
@@ -59,9 +61,14 @@ def unlisted_hosts(value: Any, rule: str, r: Report) -> UnlistedHosts | None:
         r.add(f"{rule} max_body", f"{max_body} bytes is over {MAX_BODY_CEILING}",
               "a held body stays in the proxy's memory: write at most `max_body: 1MiB`")
         return None
+    allow_private = doc.get("allow_private", False)
+    if not isinstance(allow_private, bool):
+        r.add(f"{rule} allow_private", "expected true or false", "write `allow_private: false`")
+        return None
     if patterns is None or ports is None:
         return None
-    return UnlistedHosts(ask=patterns, ports=ports, approvers=approvers, timeout=timeout, max_body=max_body)
+    return UnlistedHosts(ask=patterns, ports=ports, approvers=approvers, timeout=timeout, max_body=max_body,
+                         allow_private=allow_private)
 
 
 def _patterns(value: Any, rule: str, r: Report) -> tuple[HostPattern, ...] | None:

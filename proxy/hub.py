@@ -97,7 +97,7 @@ def destination_upstream(route: Route) -> Upstream:
     """A destination host (or an unlisted one) seen as an upstream without a secret: the
     pipeline's steps read its host, port, scheme and purposes; the credential header it names is
     stripped, never filled. An unlisted host has no purposes of its own (the runtime's
-    ``unlisted_hosts`` gives one per request) and never a private address."""
+    ``unlisted_hosts`` gives one per request) and a private address only where that allows."""
     dest = route.destination
     scheme = "http" if route.plain else "https"
     default = 80 if route.plain else 443
@@ -108,7 +108,7 @@ def destination_upstream(route: Route) -> Upstream:
         port=route.port, secret=SecretRef("", "", ""),
         injection=Injection(Placement.HEADER, header="authorization", format="{secret}"),
         env=SandboxEnv(placeholder="", base_url=""), purposes=dest.purposes if dest else {},
-        allow_private=dest.allow_private if dest else False,
+        allow_private=dest.allow_private if dest else _private(route),
     )
 
 
@@ -145,7 +145,8 @@ class Hub:
             gw = self.upstreams[route.name]
             gw.resolver.current()
             return gw
-        key = (route.name, route.host, route.port)
+        # runtimes asking about one host may differ on private addresses: one gateway for each
+        key = (route.name + ("+private" if _private(route) else ""), route.host, route.port)
         entry = self._hosts.get(key)
         if entry is not None and (route.unlisted is not None or time.monotonic() - entry[1] < RESOLVE_EVERY):
             self._hosts.move_to_end(key)
@@ -236,6 +237,10 @@ def _proxy_upstream(settings: ProxySettings) -> Upstream:
         injection=Injection(Placement.HEADER, header="proxy-authorization", format="Basic {secret}"),
         env=SandboxEnv(placeholder="", base_url=""), purposes={},
     )
+
+
+def _private(route: Route) -> bool:
+    return route.unlisted is not None and route.unlisted.allow_private
 
 
 def _ok(check: Callable[[], object]) -> bool:
