@@ -82,6 +82,7 @@ def test_an_approved_request_reaches_the_host_once_and_the_next_asks_again(
         host = ASK if scheme == "https" else ASK_PLAIN
         assert (approval["upstream"], approval["purpose"], approval["method"]) == (
             f"unlisted:{host}", "unlisted_host", "POST")
+        assert approval["preview"].startswith("?x=1\n")  # the audit masks query values; the approver reads them
         assert "deploy finished" in approval["preview"]
         assert not held.done()
         assert seen(proxy_stack, scheme) == before  # held: nothing sent, nothing resolved
