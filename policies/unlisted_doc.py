@@ -53,18 +53,19 @@ def unlisted_hosts(value: Any, rule: str, r: Report) -> UnlistedHosts | None:
     except ValueError as exc:
         r.add(rule, str(exc), "write e.g. `timeout: 5m` and `max_body: 64KiB`")
         return None
-    if not 1 <= timeout <= MAX_APPROVAL_TIMEOUT:
-        r.add(f"{rule} timeout", f"{timeout}s is not 1s..{MAX_APPROVAL_TIMEOUT}s",
-              "a held request keeps its client waiting: write at most `timeout: 1h`")
-        return None
-    if max_body > MAX_BODY_CEILING:
-        r.add(f"{rule} max_body", f"{max_body} bytes is over {MAX_BODY_CEILING}",
-              "a held body stays in the proxy's memory: write at most `max_body: 1MiB`")
-        return None
     allow_private = doc.get("allow_private", False)
-    if not isinstance(allow_private, bool):
-        r.add(f"{rule} allow_private", "expected true or false", "write `allow_private: false`")
-        return None
+    bounds = [  # (key, holds, message, fix)
+        ("timeout", 1 <= timeout <= MAX_APPROVAL_TIMEOUT, f"{timeout}s is not 1s..{MAX_APPROVAL_TIMEOUT}s",
+         "a held request keeps its client waiting: write at most `timeout: 1h`"),
+        ("max_body", max_body <= MAX_BODY_CEILING, f"{max_body} bytes is over {MAX_BODY_CEILING}",
+         "a held body stays in the proxy's memory: write at most `max_body: 1MiB`"),
+        ("allow_private", isinstance(allow_private, bool), "expected true or false",
+         "write `allow_private: false`"),
+    ]
+    for key, holds, message, fix in bounds:
+        if not holds:
+            r.add(f"{rule} {key}", message, fix)
+            return None
     if patterns is None or ports is None:
         return None
     return UnlistedHosts(ask=patterns, ports=ports, approvers=approvers, timeout=timeout, max_body=max_body,

@@ -8,15 +8,11 @@ approved request is resolved, guarded and sent. Nothing is remembered for the ho
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
 
 import httpx
 import pytest
-import redis
 
 from tests.gateways.test_approvals import decide, pending_of
 from tests.proxy.conftest import (
@@ -29,6 +25,7 @@ from tests.proxy.conftest import (
     connect_raw,
     json_body,
 )
+from tests.support.gateway_stack import audit_line
 
 BODY = b'{"status": "deploy finished"}'
 URLS = {"https": f"https://{ASK}/v1/status?x=1", "http": f"http://{ASK_PLAIN}/v1/status?x=1"}
@@ -50,20 +47,6 @@ def post(stack: ProxyStack, pool: ThreadPoolExecutor, token: str, url: str,
         with stack.client(token) as own:
             return own.post(url, content=BODY, headers=headers, timeout=30)
     return pool.submit(send)
-
-
-def audit_line(stack: ProxyStack, request_id: str) -> dict[str, Any]:
-    client = redis.Redis.from_url(stack.redis_url)
-    try:
-        for _ in range(100):
-            for _, fields in client.xrevrange("valetkey:audit", count=500):
-                line: dict[str, Any] = json.loads(fields[b"line"])
-                if line.get("request_id") == request_id and "reason" in line:
-                    return line
-            time.sleep(0.05)
-    finally:
-        client.close()
-    raise AssertionError(f"no audit line for {request_id}")
 
 
 def seen(stack: ProxyStack, scheme: str) -> int:

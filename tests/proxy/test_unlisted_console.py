@@ -14,25 +14,18 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page
 
-from broker.app import create_app
-from broker.settings import BrokerSettings
-from tests.broker.test_console_browser import browser, page, sign_in  # noqa: F401 - fixtures
+from tests.broker.test_console_browser import browser, console_broker, page, sign_in  # noqa: F401 - fixtures
 from tests.gateways.test_approvals import pending_of
 from tests.proxy.conftest import ASK, ISSUER, ProxyStack
 from tests.proxy.test_unlisted import URLS, post, seen
-from tests.support.servers import ThreadedServer
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def console(proxy_stack: ProxyStack) -> Iterator[str]:
-    settings = BrokerSettings.from_env({
-        "VAULT_ADDR": proxy_stack.vault.addr, "VAULT_TOKEN": proxy_stack.vault.broker_token,
-        "VALETKEY_REDIS_URL": proxy_stack.redis_url, "VALETKEY_ISSUER": ISSUER,
-        "VALETKEY_CONSOLE_INSECURE_COOKIES": "1"})
-    with ThreadedServer(create_app(settings, proxy_stack.policies)) as server:
-        yield server.url
+    with console_broker(proxy_stack.vault, proxy_stack.redis_url, ISSUER, proxy_stack.policies) as url:
+        yield url
 
 
 def test_a_held_request_to_an_unlisted_host_is_approved_in_the_console(
