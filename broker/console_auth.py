@@ -38,6 +38,7 @@ from contract.errors import BadRequest, Forbidden, PayloadTooLarge, Reason, Unav
 
 SESSION_PREFIX = "valetkey:console:session:"
 CODE_PREFIX = "valetkey:console:code:"
+OIDC_STATE_PREFIX = "valetkey:console:oidc:"  # an OIDC sign-in under way (broker/oidc_client.py)
 SESSION_TTL = 30 * 60
 CODE_TTL = 5 * 60
 MAX_FORM = 16 * 1024

@@ -39,12 +39,12 @@ from joserfc.jwk import KeySet
 from redis.exceptions import RedisError
 
 from broker.callers import Caller
+from broker.console_auth import OIDC_STATE_PREFIX
 from broker.oidc_settings import OIDCSettings
 from contract.errors import BadRequest, Forbidden, Reason, TokenInvalid, Unavailable
 from contract.secret import Secret
 from contract.vault import VaultClient
 
-STATE_PREFIX = "valetkey:console:oidc:"
 STATE_TTL = 600
 ALGORITHMS = ["RS256", "PS256", "ES256", "EdDSA"]  # never "none", never a MAC with a public key
 SCOPE = "openid profile groups"
@@ -121,15 +121,16 @@ class OIDCClient:
     async def begin(self) -> tuple[str, str]:
         meta = await self.metadata()
         state, nonce, verifier = secrets.token_urlsafe(32), secrets.token_urlsafe(32), generate_token(64)
-        await self._redis_call(self._redis.set(
-            STATE_PREFIX + _hash(state), json.dumps({"nonce": nonce, "verifier": verifier}), ex=STATE_TTL))
+        held = json.dumps({"nonce": nonce, "verifier": verifier})
+        await self._redis_call(self._redis.set(OIDC_STATE_PREFIX + _hash(state), held, ex=STATE_TTL))
         async with await self._oauth() as client:
             url, _ = client.create_authorization_url(str(meta["authorization_endpoint"]), state=state,
                                                      nonce=nonce, code_verifier=verifier)
         return url, state
 
     async def finish(self, state: str, code: str) -> Caller:
-        saved = await self._redis_call(self._redis.getdel(STATE_PREFIX + _hash(state))) if state else None
+        key = OIDC_STATE_PREFIX + _hash(state)
+        saved = await self._redis_call(self._redis.getdel(key)) if state else None
         if saved is None or not code:
             raise BadRequest("this sign-in is unknown, used or expired: start again",
                              Reason.OIDC_STATE_INVALID)

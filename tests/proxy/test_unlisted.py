@@ -25,6 +25,7 @@ from tests.proxy.conftest import (
     connect_raw,
     json_body,
 )
+from tests.proxy.test_proxy import audit_for
 from tests.support.gateway_stack import audit_line
 
 BODY = b'{"status": "deploy finished"}'
@@ -91,6 +92,9 @@ def test_an_approved_request_reaches_the_host_once_and_the_next_asks_again(
         refused = again.result(timeout=15)
     assert (refused.status_code, refused.json()["error"]) == (403, "approval_denied")
     assert seen(proxy_stack, scheme) == before + 1
+    if scheme == "https":  # the tunnel's own line, when it ends: admitted, the host named, no address
+        connect = audit_for(proxy_stack, run, "CONNECT", "ok")
+        assert (connect["upstream"], connect["host"], connect["upstream_addr"]) == ("(unlisted)", ASK, "")
 
 
 def test_denied_request_never_reaches_the_host(proxy_stack: ProxyStack, pool: ThreadPoolExecutor) -> None:
@@ -109,12 +113,14 @@ def test_denied_request_never_reaches_the_host(proxy_stack: ProxyStack, pool: Th
 
 
 def test_nobody_decides_approval_timeout(proxy_stack: ProxyStack, pool: ThreadPoolExecutor) -> None:
-    _, _, token = proxy_stack.mint(["secure/read_items"], runtime="asker-quick")
+    run, _, token = proxy_stack.mint(["secure/read_items"], runtime="asker-quick")
     connections = proxy_stack.echoes["ask"].connections
     response = post(proxy_stack, pool, token, URLS["https"]).result(timeout=20)
 
     assert (response.status_code, response.json()["error"]) == (403, "approval_timeout")
     assert proxy_stack.echoes["ask"].connections == connections
+    line = audit_line(proxy_stack, response.headers["x-valetkey-request-id"])
+    assert (line["reason"], line["run"], line["host"]) == ("approval_timeout", run, ASK)
 
 
 def test_an_approved_request_to_a_metadata_address_is_still_refused(
