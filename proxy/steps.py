@@ -11,8 +11,8 @@
         → strip_credentials → dial_and_stream
     UNLISTED_STEPS     (a host no destination names, that the run's runtime may ask about)
         check_request → check_tunnel → refuse_passthrough → authenticate_tunnel
-        → authorize_unlisted → … → read_body → hold_for_approval → strip_credentials
-        → resolve_unlisted → dial_and_stream
+        → authorize_unlisted → … → read_body → refuse_run_token → hold_for_approval
+        → strip_credentials → resolve_unlisted → dial_and_stream
 
 ``check_tunnel`` holds every request to its tunnel: ``Host`` names the CONNECT host, and the run's
 proxy credential is verified again (expiry, revocation) on each request, not only on the CONNECT.
@@ -109,6 +109,22 @@ async def authorize_unlisted(gw: Gateway, ex: Exchange) -> None:
     ex.record.purpose, ex.record.host = purpose.name, gw.client.host_header
 
 
+async def refuse_run_token(gw: Gateway, ex: Exchange) -> None:
+    """The run's own proxy credential never goes to a host outside the policy, nor into the
+    preview a person reads: in the body, the query, the path or a header other than
+    ``Proxy-Authorization`` it is refused before anyone is asked. Fills body (bytes, bounded by
+    the purpose's ``max_body``). Reason: credential_passthrough."""
+    token = admission_of(ex).token.encode()
+    if not isinstance(ex.body, bytes):
+        ex.body = b"".join([chunk async for chunk in ex.body])
+    raw = bytes(ex.scope.get("raw_path") or b"") + b"?" + ex.query
+    headers = (v for k, v in ex.headers if k != b"proxy-authorization")
+    if token in ex.body or token in raw or any(token in v for v in headers):
+        ex.record.passthrough = "run token"
+        raise Forbidden("the run's own proxy credential is never sent to a host outside the policy",
+                        Reason.CREDENTIAL_PASSTHROUGH)
+
+
 async def resolve_unlisted(gw: Gateway, ex: Exchange) -> None:
     """An unlisted host is resolved now, for a request a person approved, and not before: the
     egress guard judges every address (``dest_*``) and ``dial_and_stream`` dials the one pinned.
@@ -133,4 +149,5 @@ DESTINATION_STEPS = _derived({p.authenticate: authenticate_tunnel, p.inject_secr
                              {p.check_request: check_tunnel})
 UNLISTED_STEPS = _derived({p.authenticate: authenticate_tunnel, p.authorize: authorize_unlisted,
                            p.inject_secret: strip_credentials},
-                          {p.check_request: check_tunnel, p.inject_secret: resolve_unlisted})
+                          {p.check_request: check_tunnel, p.read_body: refuse_run_token,
+                           p.inject_secret: resolve_unlisted})

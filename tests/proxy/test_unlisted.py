@@ -186,3 +186,18 @@ def test_a_body_over_the_limit_is_refused_before_asking(proxy_stack: ProxyStack)
     with proxy_stack.client(token) as client:
         response = client.post(URLS["https"], content=b"x" * 2048)
     assert (response.status_code, response.json()["error"]) == (413, "body_too_large")
+
+
+@pytest.mark.parametrize("where", ["body", "query", "header"])
+def test_the_run_token_never_goes_to_an_unlisted_host(proxy_stack: ProxyStack, where: str) -> None:
+    run, _, token = proxy_stack.mint(["secure/read_items"], runtime="asker")
+    body = f'{{"leak": "{token}"}}'.encode() if where == "body" else BODY
+    url = URLS["https"] + (f"&t={token}" if where == "query" else "")
+    headers = {"X-Carried": token} if where == "header" else {}
+    with proxy_stack.client(token) as client:
+        response = client.post(url, content=body, headers=headers)
+    assert (response.status_code, response.json()["error"]) == (403, "credential_passthrough")
+    assert token not in response.text
+    answer = httpx.get(f"{proxy_stack.broker_url}/v1/approvals",
+                       headers={"X-Vault-Token": proxy_stack.vault.admin_token})
+    assert [a for a in answer.json()["approvals"] if a["run"] == run] == []
