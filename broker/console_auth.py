@@ -71,16 +71,20 @@ class Session:
                             Reason.NOT_ADMIN)
 
 
+async def redis_call(call: Any, what: str) -> Any:
+    """A console store's Redis call, its failure a refusal (``redis_unavailable``)."""
+    try:
+        return await call
+    except (RedisError, OSError) as exc:
+        raise Unavailable(f"{what} unavailable: {type(exc).__name__}", Reason.REDIS_UNAVAILABLE) from None
+
+
 class Sessions:
     def __init__(self, client: aioredis.Redis) -> None:
         self._redis = client
 
     async def _call(self, call: Any) -> Any:
-        try:
-            return await call
-        except (RedisError, OSError) as exc:
-            raise Unavailable(f"console sessions unavailable: {type(exc).__name__}",
-                              Reason.REDIS_UNAVAILABLE) from None
+        return await redis_call(call, "console sessions")
 
     async def create(self, caller: Caller) -> tuple[str, Session]:
         raw = secrets.token_urlsafe(32)

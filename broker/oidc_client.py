@@ -36,10 +36,9 @@ from authlib.integrations.httpx_client import AsyncOAuth2Client
 from joserfc import jwt
 from joserfc.errors import JoseError
 from joserfc.jwk import KeySet
-from redis.exceptions import RedisError
 
 from broker.callers import Caller
-from broker.console_auth import OIDC_STATE_PREFIX
+from broker.console_auth import OIDC_STATE_PREFIX, redis_call
 from broker.oidc_settings import OIDCSettings
 from contract.errors import BadRequest, Forbidden, Reason, TokenInvalid, Unavailable
 from contract.secret import Secret
@@ -51,6 +50,7 @@ SCOPE = "openid profile groups"
 LEEWAY = 60
 METADATA_TTL = 3600
 TIMEOUT = 10.0
+WHAT = "console sign-in state"
 
 
 def _invalid(detail: str) -> TokenInvalid:
@@ -122,7 +122,7 @@ class OIDCClient:
         meta = await self.metadata()
         state, nonce, verifier = secrets.token_urlsafe(32), secrets.token_urlsafe(32), generate_token(64)
         held = json.dumps({"nonce": nonce, "verifier": verifier})
-        await self._redis_call(self._redis.set(OIDC_STATE_PREFIX + _hash(state), held, ex=STATE_TTL))
+        await redis_call(self._redis.set(OIDC_STATE_PREFIX + _hash(state), held, ex=STATE_TTL), WHAT)
         async with await self._oauth() as client:
             url, _ = client.create_authorization_url(str(meta["authorization_endpoint"]), state=state,
                                                      nonce=nonce, code_verifier=verifier)
@@ -130,7 +130,7 @@ class OIDCClient:
 
     async def finish(self, state: str, code: str) -> Caller:
         key = OIDC_STATE_PREFIX + _hash(state)
-        saved = await self._redis_call(self._redis.getdel(key)) if state else None
+        saved = await redis_call(self._redis.getdel(key), WHAT) if state else None
         if saved is None or not code:
             raise BadRequest("this sign-in is unknown, used or expired: start again",
                              Reason.OIDC_STATE_INVALID)
@@ -184,12 +184,6 @@ class OIDCClient:
             raise Forbidden("signed in, but in no group that may use the console", Reason.NOT_APPROVER)
         return Caller(name=f"oidc:{name}", runtime=None, is_admin=is_admin, groups=groups)
 
-    async def _redis_call(self, call: Any) -> Any:
-        try:
-            return await call
-        except (RedisError, OSError) as exc:
-            raise Unavailable(f"console sign-in state unavailable: {type(exc).__name__}",
-                              Reason.REDIS_UNAVAILABLE) from None
 
 
 def _hash(raw: str) -> str:

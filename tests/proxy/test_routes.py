@@ -12,17 +12,9 @@ from policies.hosts import HostPattern
 from policies.load import load_policy_dir
 from policies.model import UNLISTED_PURPOSE, PolicySet
 from proxy.routes import UNLISTED, route, unlisted
+from tests.policies.test_destinations import UPSTREAM
 
-POLICY = """version: 1
-kind: upstream
-name: api
-base_url: https://api.example.com
-secret: {path: fixtures/api, field: token}
-inject: {header: Authorization, format: "Bearer {secret}"}
-env: {placeholder: API_TOKEN, base_url: API_URL}
-purposes:
-  read: {why: Read., methods: [GET], paths: [/v1/**]}
----
+POLICY = UPSTREAM + """---
 version: 1
 kind: destination
 name: docs
