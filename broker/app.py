@@ -33,6 +33,7 @@ from broker.callers import Caller
 from broker.console import ROUTES as CONSOLE_ROUTES
 from broker.console import on_console_error
 from broker.console_auth import ConsoleHeaders
+from broker.console_oidc import ROUTES as OIDC_ROUTES
 from broker.grants import parse_run_request
 from broker.openapi import OPENAPI
 from broker.reaper import Reaper
@@ -194,6 +195,7 @@ def create_app(settings: BrokerSettings, policies: PolicySet | None = None) -> S
         *ADMIN_ROUTES,
         *APPROVAL_ROUTES,
         *CONSOLE_ROUTES,
+        *OIDC_ROUTES,
         Route("/v1/runs", create_run, methods=["POST"]),
         Route("/v1/runs/{run_id}", get_run, methods=["GET"]),
         Route("/v1/runs/{run_id}", end_run, methods=["DELETE"]),

@@ -247,7 +247,7 @@ async def login_page(request: Request) -> Response:
     svc = services(request)
     token = secrets.token_urlsafe(24)
     response = _page(request, "login.html", None, login_csrf=token,
-                     code=request.query_params.get("code", "")[:128],
+                     code=request.query_params.get("code", "")[:128], oidc=svc.oidc is not None,
                      error=request.query_params.get("error", "")[:80])
     set_cookie(response, LOGIN_COOKIE, token, _secure(svc), 600)
     return response

@@ -38,6 +38,7 @@ from contract.errors import BadRequest, Forbidden, PayloadTooLarge, Reason, Unav
 
 SESSION_PREFIX = "valetkey:console:session:"
 CODE_PREFIX = "valetkey:console:code:"
+OIDC_STATE_PREFIX = "valetkey:console:oidc:"  # an OIDC sign-in under way (broker/oidc_client.py)
 SESSION_TTL = 30 * 60
 CODE_TTL = 5 * 60
 MAX_FORM = 16 * 1024
@@ -70,16 +71,20 @@ class Session:
                             Reason.NOT_ADMIN)
 
 
+async def redis_call(call: Any, what: str) -> Any:
+    """A console store's Redis call, its failure a refusal (``redis_unavailable``)."""
+    try:
+        return await call
+    except (RedisError, OSError) as exc:
+        raise Unavailable(f"{what} unavailable: {type(exc).__name__}", Reason.REDIS_UNAVAILABLE) from None
+
+
 class Sessions:
     def __init__(self, client: aioredis.Redis) -> None:
         self._redis = client
 
     async def _call(self, call: Any) -> Any:
-        try:
-            return await call
-        except (RedisError, OSError) as exc:
-            raise Unavailable(f"console sessions unavailable: {type(exc).__name__}",
-                              Reason.REDIS_UNAVAILABLE) from None
+        return await redis_call(call, "console sessions")
 
     async def create(self, caller: Caller) -> tuple[str, Session]:
         raw = secrets.token_urlsafe(32)

@@ -16,6 +16,7 @@ import redis.asyncio as aioredis
 from starlette.requests import Request
 
 from broker.callers import Caller, CallerAuthenticator
+from broker.oidc_client import OIDCClient
 from broker.proxy_trust import ProxyTrust
 from broker.revocation_keeper import RevocationKeeper
 from broker.runs import RunRegistry
@@ -46,6 +47,7 @@ class Services:
     approvals: ApprovalStore
     keeper: RevocationKeeper
     proxy_trust: ProxyTrust | None = None  # the bundle's CA file, when a proxy is configured
+    oidc: OIDCClient | None = None  # the console's OIDC sign-in, when a provider is configured
 
     @classmethod
     def build(cls, settings: BrokerSettings, policies: PolicySet | None = None) -> Services:
@@ -71,9 +73,12 @@ class Services:
             revocations=RevocationStore(client, require_generation=True), approvals=ApprovalStore(client),
             keeper=RevocationKeeper(client, vault, known=in_policy(policies)),
             proxy_trust=ProxyTrust(vault, settings.proxy) if settings.proxy.enabled else None,
+            oidc=OIDCClient(settings.console_oidc, vault, client) if settings.console_oidc else None,
         )
 
     async def aclose(self) -> None:
+        if self.oidc is not None:
+            await self.oidc.aclose()
         await self.vault.aclose()
         await self.redis.aclose()
 

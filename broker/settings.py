@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+from broker.oidc_settings import OIDCSettings
 from broker.proxy_settings import ProxySettings
 from contract.env import (
     SettingsError,
@@ -53,6 +54,7 @@ class BrokerSettings:
     proxy: ProxySettings = field(default_factory=ProxySettings)  # broker/proxy_settings.py
     # the security console's cookies lose Secure and the __Host- prefix: plain-HTTP dev only
     console_insecure_cookies: bool = False
+    console_oidc: OIDCSettings | None = None  # broker/oidc_settings.py: sign-in through a provider
 
     def gateway_url(self, upstream: str) -> str:
         return self.gateway_urls.get(upstream) or self.gateway_url_template.format(upstream=upstream)
@@ -94,6 +96,7 @@ class BrokerSettings:
             ),
             proxy=ProxySettings.from_env(env),
             console_insecure_cookies=_flag(env, "VALETKEY_CONSOLE_INSECURE_COOKIES"),
+            console_oidc=OIDCSettings.from_env(env),
         )
 
 

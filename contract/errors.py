@@ -81,6 +81,9 @@ class Reason(StrEnum):
     # console (broker/console.py)
     CSRF_FAILED = "csrf_failed"
     NO_SESSION = "no_session"
+    OIDC_STATE_INVALID = "oidc_state_invalid"  # the callback's state is unknown, used, or not this browser's
+    OIDC_TOKEN_INVALID = "oidc_token_invalid"  # noqa: S105 - a reason code; the ID token failed a check
+    OIDC_PROVIDER_UNAVAILABLE = "oidc_provider_unavailable"  # discovery, JWKS or the token endpoint failed
     # dependencies
     VAULT_UNAVAILABLE = "vault_unavailable"
     REDIS_UNAVAILABLE = "redis_unavailable"

@@ -18,7 +18,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from contract import audit_stream
-from contract.approvals import PendingApproval, new_id, preview, request_digest
+from contract.approvals import PREVIEW_BYTES, PendingApproval, new_id, preview, request_digest
 from contract.errors import (
     BadRequest,
     Forbidden,
@@ -121,10 +121,12 @@ async def _watch_client(ex: Exchange, gone: asyncio.Event) -> None:
 
 
 def _redacted(gw: Gateway, ex: Exchange, body: bytes) -> str:
-    """What the approver reads: the start of the body with every held form of the secret masked
+    """What the approver reads: the query and the start of the body with every held form of the secret masked
     (a body carrying one was refused already; this is the second lock) and the run's own token
     too (an approver is not given the bearer credential of the run it judges)."""
     text = preview(body)
+    if ex.query:  # the audit line masks query values; the person deciding must read them
+        text = f"?{ex.query[:PREVIEW_BYTES].decode('latin-1')}\n\n{text}"
     hidden = [s.reveal() for s in gw.secrets.all_values()]
     with contextlib.suppress(ValetkeyError):
         hidden.append(extract_placeholder(gw.upstream.injection, ex.headers, ex.query, gw.realm))

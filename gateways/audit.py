@@ -84,6 +84,7 @@ class AuditRecord:
     credential_id: str = ""  # its non-secret identifier (token expiry, lease id), never the value
     approval: str = ""  # the pending approval this request waited on (gateways/approval_step.py)
     approved_by: str = ""  # who approved (or denied) it
+    host: str = ""  # the egress proxy: a host no destination names, asked about (not a metric label)
 
     def to_json(self) -> str:
         # every field is a str, int or float: a shallow dict is the whole record (asdict deep-copies)

@@ -52,7 +52,9 @@ PROBE_REASONS = frozenset({"purpose_not_granted", "audience_mismatch", "method_r
                            # the egress proxy: knocking on hosts, ports and names outside the allowlist
                            "destination_not_allowed", "destination_port_not_allowed",
                            "destination_ip_literal", "sni_missing", "sni_mismatch", "host_mismatch",
-                           "run_mismatch"})
+                           "run_mismatch",
+                           # the enterprise deny list: a host or request no person may allow
+                           "enterprise_denied"})
 
 # KEYS[1] window set; ARGV: member, window_ms → number of members inside the window
 _WINDOW = """

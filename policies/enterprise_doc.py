@@ -10,10 +10,14 @@
         methods: [POST]
         paths: [/repos/{owner}/{repo}/transfer]
       - {upstream: github, purpose: delete_repo, why: ...}
+      - {host: "*.paste.example", why: ...}     # the egress proxy never reaches it, nor asks
 
 At most one such document per policy set. A deny rule can never be approved: the gateway refuses
 what it matches before any approval is asked (``enterprise_denied``), and a runtime whose ``allow``
-names a denied purpose does not load. ``cross_references`` checks the names once every file is read.
+names a denied purpose does not load. A host rule (exact or ``*.suffix``) is refused by the egress
+proxy before anything else (``enterprise_denied``): a runtime's ``unlisted_hosts`` can never ask
+about it, and no destination or upstream may name a host it covers. ``cross_references`` checks
+the names once every file is read.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any
 
-from policies.model import ApproverGroup, DenyRule, Enterprise, Runtime, Upstream
+from policies.hosts import HostError, HostPattern
+from policies.model import ApproverGroup, DenyRule, Destination, Enterprise, Runtime, Upstream
 from policies.report import Problem, Report, keys, mapping, string
 from policies.templates import PathTemplate, TemplateError
 from policies.upstream_doc import METHODS, NAME, PURPOSE_NAME
@@ -64,13 +69,19 @@ def _approvers(value: Any, rule: str, r: Report) -> dict[str, ApproverGroup] | N
 
 def _deny(value: Any, rule: str, r: Report) -> DenyRule | None:
     doc = mapping(value, rule, r)
-    if doc is None or not keys(doc, rule, {"upstream", "why"}, {"purpose", "methods", "paths"}, r):
+    if doc is None or not keys(doc, rule, {"why"}, {"upstream", "purpose", "methods", "paths", "host"}, r):
         return None
-    upstream = string(doc["upstream"], f"{rule} upstream", r, NAME)
     why = doc["why"]
     if not isinstance(why, str) or len(why.strip().splitlines()) != 1:
         r.add(f"{rule} why", "needs a one-line reason", "say in one sentence why this is never done")
         return None
+    if ("host" in doc) == ("upstream" in doc):
+        r.add(rule, "needs exactly one of upstream and host",
+              "deny a purpose or methods at an `upstream:`, or a whole `host:` at the egress proxy")
+        return None
+    if "host" in doc:
+        return _deny_host(doc, why.strip(), rule, r)
+    upstream = string(doc["upstream"], f"{rule} upstream", r, NAME)
     if upstream is None:
         return None
     if "purpose" in doc:
@@ -100,12 +111,36 @@ def _deny(value: Any, rule: str, r: Report) -> DenyRule | None:
                     paths=tuple(templates))
 
 
+def _deny_host(doc: dict[str, Any], why: str, rule: str, r: Report) -> DenyRule | None:
+    if set(doc) - {"host", "why"}:
+        r.add(rule, "a host rule denies the whole host", "remove purpose, methods and paths from it")
+        return None
+    raw = string(doc["host"], f"{rule} host", r)
+    if raw is None:
+        return None
+    try:
+        return DenyRule(upstream="", why=why, host=HostPattern.parse(raw))
+    except HostError as exc:
+        r.add(f"{rule} host", exc.message, exc.fix)
+        return None
+
+
 def cross_references(ent: Enterprise, upstreams: dict[str, Upstream], runtimes: dict[str, Runtime],
-                     problems: list[Problem]) -> None:
+                     problems: list[Problem], destinations: dict[str, Destination] | None = None) -> None:
     """Deny rules name upstreams and purposes that exist; no runtime may be granted a denied
-    purpose; every ``approvers`` group a purpose names is declared here."""
+    purpose; every ``approvers`` group a purpose names is declared here; no upstream or
+    destination names a host a host rule covers (it could never be reached)."""
     r = Report(ent.source or "enterprise", problems)
+    named = [(HostPattern.exact(u.host), f"upstream {u.name}", u.source) for u in upstreams.values()]
+    named += [(d.host, f"destination {d.name}", d.source) for d in (destinations or {}).values()]
     for i, rule in enumerate(ent.deny):
+        if rule.host is not None:
+            for pattern, what, source in named:
+                if rule.host.covers(pattern):
+                    Report(source, problems).add(
+                        what, f"{pattern} is denied by the enterprise (deny[{i}]: {rule.why})",
+                        "remove it: a denied host is never reached")
+            continue
         up = upstreams.get(rule.upstream)
         if up is None:
             r.add(f"enterprise deny[{i}] upstream", f"unknown upstream {rule.upstream!r}",

@@ -104,5 +104,11 @@ class HostPattern:
             return host == self.suffix
         return len(host) > len(self.suffix) + 1 and host.endswith("." + self.suffix)
 
+    def covers(self, other: HostPattern) -> bool:
+        """Does every name ``other`` matches fall under this pattern?"""
+        if not other.wildcard:
+            return self.matches(other.suffix)
+        return self.wildcard and (other.suffix == self.suffix or other.suffix.endswith("." + self.suffix))
+
     def __str__(self) -> str:
         return self.raw

@@ -18,6 +18,7 @@ import yaml
 import policies.destination_doc as destination_doc
 import policies.enterprise_doc as enterprise_doc
 import policies.runtime_doc as runtime_doc
+import policies.unlisted_doc as unlisted_doc
 import policies.upstream_doc as upstream_doc
 from policies.alerts_doc import alerts
 from policies.model import POLICY_VERSION, Alerting, Destination, Enterprise, PolicySet, Runtime, Upstream
@@ -135,7 +136,8 @@ def load_policy_files(files: list[Path]) -> PolicySet:
         destination_doc.cross_references(upstreams, destinations, problems)
     if not problems:
         runtime_doc.cross_references(upstreams, runtimes, problems, destinations)
-        enterprise_doc.cross_references(ent, upstreams, runtimes, problems)
+        enterprise_doc.cross_references(ent, upstreams, runtimes, problems, destinations)
+        unlisted_doc.cross_references(runtimes, upstreams, destinations, ent, problems)
     if problems:
         raise PolicyLoadError(problems)
     return PolicySet(upstreams=MappingProxyType(upstreams), runtimes=MappingProxyType(runtimes),

@@ -202,6 +202,42 @@ class Identity:
     entity_id: str = ""
 
 
+UNLISTED_PURPOSE = "unlisted_host"  # the purpose a request to an unlisted host is audited under
+DEFAULT_UNLISTED_TIMEOUT = 300
+DEFAULT_UNLISTED_MAX_BODY = 64 * 1024
+
+
+@dataclass(frozen=True)
+class UnlistedHosts:
+    """Hosts no destination names that a runtime's requests may still reach through the egress
+    proxy, each request only once a person approves it (``unlisted_hosts`` in a runtime). Nothing
+    here is a grant: every request is asked about afresh, and the enterprise deny list wins."""
+
+    ask: tuple[HostPattern, ...]
+    ports: frozenset[int] = frozenset({443})
+    approvers: str = ""  # an approver group of the enterprise document; "" = the security team
+    timeout: int = DEFAULT_UNLISTED_TIMEOUT
+    max_body: int = DEFAULT_UNLISTED_MAX_BODY
+    allow_private: bool = False  # as for destinations (on-premises hosts); metadata never
+
+    def asks(self, host: str, port: int) -> bool:
+        """May a request to canonical ``host`` on ``port`` wait for a person?"""
+        return port in self.ports and any(p.matches(host) for p in self.ask)
+
+    @cached_property
+    def purpose(self) -> Purpose:
+        """What the pipeline holds such a request under: these methods, any path (no template:
+        ``proxy.steps.authorize_unlisted`` admits every path, a person judges it), this body
+        limit, and an approval of every request."""
+        return Purpose(name=UNLISTED_PURPOSE, why="A host outside the policy, asked about per request.",
+                       methods=UNLISTED_METHODS, paths=(), params=(),
+                       limits=Limits(max_body=self.max_body),
+                       approval=Approval(approvers=self.approvers, timeout=self.timeout))
+
+
+UNLISTED_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
 @dataclass(frozen=True)
 class Runtime:
     name: str
@@ -210,6 +246,7 @@ class Runtime:
     max_ttl: int
     max_grants: int
     source: str = ""
+    unlisted: UnlistedHosts | None = None  # None: a host no destination names is refused, never asked
 
     def may_grant(self, upstream: str, purpose: str) -> bool:
         """``upstream`` names an upstream or a destination."""
@@ -269,9 +306,10 @@ class DenyRule:
     purpose: str = ""
     methods: frozenset[str] = frozenset()
     paths: tuple[PathTemplate, ...] = ()
+    host: HostPattern | None = None  # a host rule (``upstream`` ""): never reached through the proxy
 
     def matches(self, upstream: str, purpose: str, method: str, segments: tuple[str, ...]) -> bool:
-        if upstream != self.upstream:
+        if self.host is not None or upstream != self.upstream:
             return False
         if self.purpose:
             return purpose == self.purpose
@@ -288,6 +326,10 @@ class Enterprise:
 
     def denied(self, upstream: str, purpose: str, method: str, segments: tuple[str, ...]) -> DenyRule | None:
         return next((d for d in self.deny if d.matches(upstream, purpose, method, segments)), None)
+
+    def denied_host(self, host: str) -> DenyRule | None:
+        """The host rule naming canonical ``host`` (the egress proxy asks before routing)."""
+        return next((d for d in self.deny if d.host is not None and d.host.matches(host)), None)
 
 
 @dataclass(frozen=True)

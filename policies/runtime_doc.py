@@ -10,6 +10,7 @@ from typing import Any
 from policies.model import Destination, Identity, Runtime, Upstream
 from policies.report import Problem, Report, description, keys, label, mapping, string
 from policies.units import parse_duration
+from policies.unlisted_doc import unlisted_hosts
 from policies.upstream_doc import NAME
 
 MAX_RUN_TTL = 24 * 3600  # the verifier refuses longer token lifetimes
@@ -20,7 +21,7 @@ DEFAULT_MAX_GRANTS = 8
 def runtime(doc: dict[str, Any], r: Report) -> Runtime | None:
     rule = label("runtime", doc)
     known = keys(doc, rule, {"version", "kind", "name", "identity", "allow"},
-                  {"max_ttl", "max_grants", "description"}, r)
+                  {"max_ttl", "max_grants", "description", "unlisted_hosts"}, r)
     name = string(doc["name"], f"{rule} name", r, NAME) if "name" in doc else None
     if not known or name is None or not description(doc, rule, r):
         return None
@@ -52,10 +53,12 @@ def runtime(doc: dict[str, Any], r: Report) -> Runtime | None:
         r.add(f"{rule} max_grants", f"{max_grants!r} is not 1..{MAX_GRANTS_CEILING}",
               "write a small whole number")
         return None
-    if identity is None or allow is None:
+    unlisted = unlisted_hosts(doc["unlisted_hosts"], f"{rule} unlisted_hosts", r) if (
+        "unlisted_hosts" in doc) else None
+    if identity is None or allow is None or ("unlisted_hosts" in doc and unlisted is None):
         return None
     return Runtime(name=name, identity=identity, allow=MappingProxyType(allow), max_ttl=max_ttl,
-                   max_grants=max_grants, source=r.file)
+                   max_grants=max_grants, source=r.file, unlisted=unlisted)
 
 
 def _allow(value: Any, rule: str, r: Report) -> dict[str, frozenset[str]] | None:

@@ -30,7 +30,7 @@ from proxy.connect import TUNNEL_KEY, Admission, admit, proxy_status
 from proxy.hub import Hub
 from proxy.protocol import HUB_KEY, ProxyProtocol
 from proxy.settings import ProxySettings
-from proxy.steps import DESTINATION_STEPS, UPSTREAM_STEPS
+from proxy.steps import DESTINATION_STEPS, UNLISTED_STEPS, UPSTREAM_STEPS
 
 log = logging.getLogger("valetkey.proxy")
 RESERVED_PREFIX = "/.valetkey/"
@@ -57,7 +57,9 @@ class ProxyApp:
             admission = await self._admit_plain(self.hub, scope, receive, send)
             if admission is None:
                 return
-        steps = UPSTREAM_STEPS if admission.route.upstream is not None else DESTINATION_STEPS
+        route = admission.route
+        steps = (UPSTREAM_STEPS if route.upstream is not None else
+                 UNLISTED_STEPS if route.unlisted is not None else DESTINATION_STEPS)
         ex = new_exchange(scope, receive, send, admission.route.name)
         # the tunnel's run is known from its CONNECT: every decision inside is audited with it
         ex.record.run, ex.record.runtime = admission.claims.sub, admission.claims.client_id

@@ -4,13 +4,19 @@
         credential  Proxy-Authorization Basic      missing_token, invalid_token, token_revoked,
                     (password = the run token)     audience_mismatch, revocation_state_stale… (407)
         target      a DNS name                     destination_ip_literal
+        deny        no enterprise host rule        enterprise_denied (never asked about)
         route       a destination names host:port  destination_not_allowed, destination_port_not_allowed
                     (asked only for a verified run: the allowlist is not shown to strangers)
+                    or the runtime's unlisted_hosts asks about it (then grant and egress wait)
         grant       the run holds a purpose there  purpose_not_granted
         egress      the address the name pins      dest_* (the egress guard), dest_unresolvable
 
 Nothing is dialled before all of them pass. Each refusal is a ``ValetkeyError`` whose reason code
 goes unchanged into the 407/403 body, the audit line and the metric.
+
+An unlisted host's CONNECT is answered 200 once the route says the runtime may ask about it: no
+DNS query names the host and nothing is dialled until a person has approved a request inside
+the tunnel (``proxy.steps.resolve_unlisted`` then resolves, runs the egress guard, and dials).
 """
 
 from __future__ import annotations
@@ -25,9 +31,9 @@ from gateways.audit import AuditRecord
 from gateways.credentials import Headers
 from gateways.egress import PinnedTarget
 from gateways.gateway import Gateway
-from policies.hosts import is_ip_literal
-from proxy.hub import Hub
-from proxy.routes import Route, route
+from policies.hosts import canonical_host, is_ip_literal
+from proxy.hub import NOT_RESOLVED, Hub
+from proxy.routes import Route, route, unlisted
 
 REALM = "valetkey proxy"
 CHALLENGE = f'Basic realm="{REALM}"'
@@ -40,7 +46,7 @@ class Admission:
     token: str
     claims: AccessClaims  # the proxy credential's, its grants narrowed to this route's
     gateway: Gateway
-    target: PinnedTarget
+    target: PinnedTarget  # NOT_RESOLVED for an unlisted host (resolved per approved request)
     verifier: TokenVerifier  # the proxy credential's, to check it again on every request
 
 
@@ -104,8 +110,19 @@ async def admit(hub: Hub, host: str, port: int, headers: Headers, record: AuditR
     if is_ip_literal(host):
         raise Forbidden("destinations are named, never addressed: an IP literal is refused",
                         Reason.DESTINATION_IP_LITERAL)
-    target = route(hub.policies, host, port)  # after the credential: the allowlist is not for strangers
+    name = canonical_host(host)
+    denied = hub.policies.enterprise.denied_host(name) if name is not None else None
+    if denied is not None:
+        raise Forbidden(f"never reached, whoever approves: {denied.why}", Reason.ENTERPRISE_DENIED)
+    try:
+        target = route(hub.policies, host, port)  # after the credential: the allowlist is not for strangers
+    except Forbidden as exc:
+        target = unlisted(hub.policies, verified.client_id, name, port, exc)
     record.upstream = target.name
+    if target.unlisted is not None:  # nothing granted, nothing resolved: each request is asked about
+        record.host = target.host
+        gateway = await hub.gateway(target)
+        return Admission(target, token, narrowed(verified, target.name), gateway, NOT_RESOLVED, hub.verifier)
     try:
         hub.base.revocations.check(verified, target.name)  # a destination revoked by name
     except TokenInvalid as exc:  # the run is fine; this host is closed to it

@@ -8,6 +8,10 @@ a ``Gateway`` for every host it serves, so every request runs the gateway pipeli
   redacts with every secret the proxy holds), the proxy's verifier, and its address resolved on
   the CONNECT (at most ``RESOLVE_EVERY`` old), checked by the egress guard. Wildcard destinations
   make these per host: at most ``MAX_HOSTS`` are kept, the least recently used closed first.
+- A host no destination names, that a runtime may ask about (``unlisted_hosts``), gets the same
+  kind of ``Gateway`` (its upstream named ``unlisted:<host>``, so an approval and its digest name
+  the host), kept the same way, but never resolved here: ``proxy.steps.resolve_unlisted`` resolves
+  it for each request a person approved. Keeping it remembers no decision, only connections.
 
 Nothing here is read on the request path but memory and Redis.
 """
@@ -25,7 +29,7 @@ from contract.ca import CA_PUBLIC_PATH, signing_slot
 from contract.errors import Reason, Unavailable
 from contract.secret import Secret
 from contract.verify import TokenVerifier
-from gateways.egress import AddrInfo, Resolver
+from gateways.egress import AddressClass, AddrInfo, PinnedTarget, Resolver
 from gateways.gateway import Gateway
 from gateways.secret_store import SecretStore
 from policies.model import Injection, Placement, PolicySet, SandboxEnv, SecretRef, TlsMode, Upstream
@@ -36,6 +40,9 @@ from proxy.settings import ProxySettings
 log = logging.getLogger("valetkey.proxy")
 RESOLVE_EVERY = 30.0  # seconds a destination host's pinned address is used before resolving again
 MAX_HOSTS = 1024
+# an unlisted host's Admission before any request was approved: nothing resolved, nothing to dial
+NOT_RESOLVED = PinnedTarget(host="", port=0, address="", family=socket.AF_UNSPEC,
+                            klass=AddressClass.UNSPECIFIED)
 
 
 class HeldSecrets(SecretStore):
@@ -87,16 +94,21 @@ def map_resolver(settings: ProxySettings) -> Resolver | None:
 
 
 def destination_upstream(route: Route) -> Upstream:
-    """A destination host seen as an upstream without a secret: the pipeline's steps read its
-    host, port, scheme and purposes; the credential header it names is stripped, never filled."""
+    """A destination host (or an unlisted one) seen as an upstream without a secret: the
+    pipeline's steps read its host, port, scheme and purposes; the credential header it names is
+    stripped, never filled. An unlisted host has no purposes of its own (the runtime's
+    ``unlisted_hosts`` gives one per request) and a private address only where that allows."""
     dest = route.destination
-    assert dest is not None
     scheme = "http" if route.plain else "https"
+    default = 80 if route.plain else 443
+    name = dest.name if dest is not None else "unlisted:" + route.host + (
+        "" if route.port == default else f":{route.port}")
     return Upstream(
-        name=dest.name, base_url=f"{scheme}://{route.host}:{route.port}", scheme=scheme, host=route.host,
+        name=name, base_url=f"{scheme}://{route.host}:{route.port}", scheme=scheme, host=route.host,
         port=route.port, secret=SecretRef("", "", ""),
         injection=Injection(Placement.HEADER, header="authorization", format="{secret}"),
-        env=SandboxEnv(placeholder="", base_url=""), purposes=dest.purposes, allow_private=dest.allow_private,
+        env=SandboxEnv(placeholder="", base_url=""), purposes=dest.purposes if dest else {},
+        allow_private=dest.allow_private if dest else _private(route),
     )
 
 
@@ -133,13 +145,15 @@ class Hub:
             gw = self.upstreams[route.name]
             gw.resolver.current()
             return gw
-        key = (route.name, route.host, route.port)
+        # runtimes asking about one host may differ on private addresses: one gateway for each
+        key = (route.name + ("+private" if _private(route) else ""), route.host, route.port)
         entry = self._hosts.get(key)
-        if entry is not None and time.monotonic() - entry[1] < RESOLVE_EVERY:
+        if entry is not None and (route.unlisted is not None or time.monotonic() - entry[1] < RESOLVE_EVERY):
             self._hosts.move_to_end(key)
             return entry[0]
         gw = entry[0] if entry is not None else await self._destination_gateway(route)
-        await gw.resolver.load()  # raises the egress guard's refusal; nothing is cached then
+        if route.unlisted is None:  # an unlisted host is resolved only for an approved request
+            await gw.resolver.load()  # raises the egress guard's refusal; nothing is cached then
         self._hosts[key] = (gw, time.monotonic())
         self._hosts.move_to_end(key)
         while len(self._hosts) > MAX_HOSTS:
@@ -223,6 +237,10 @@ def _proxy_upstream(settings: ProxySettings) -> Upstream:
         injection=Injection(Placement.HEADER, header="proxy-authorization", format="Basic {secret}"),
         env=SandboxEnv(placeholder="", base_url=""), purposes={},
     )
+
+
+def _private(route: Route) -> bool:
+    return route.unlisted is not None and route.unlisted.allow_private
 
 
 def _ok(check: Callable[[], object]) -> bool:

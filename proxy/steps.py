@@ -9,6 +9,10 @@
         check_request → check_tunnel → refuse_passthrough → authenticate_tunnel → authorize
         → refuse_credential_fields → hold_run_slot → charge_budget → read_body
         → strip_credentials → dial_and_stream
+    UNLISTED_STEPS     (a host no destination names, that the run's runtime may ask about)
+        check_request → check_tunnel → refuse_passthrough → authenticate_tunnel
+        → authorize_unlisted → … → read_body → refuse_run_token → hold_for_approval
+        → strip_credentials → resolve_unlisted → dial_and_stream
 
 ``check_tunnel`` holds every request to its tunnel: ``Host`` names the CONNECT host, and the run's
 proxy credential is verified again (expiry, revocation) on each request, not only on the CONNECT.
@@ -18,10 +22,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from contract.errors import BadRequest, Forbidden, Reason, TokenInvalid
+from contract.errors import BadRequest, Forbidden, MethodNotAllowed, Reason, TokenInvalid
 from gateways import pipeline as p
 from gateways.credentials import forwarded_headers
 from gateways.exchange import Exchange
+from gateways.paths import canonical_path
 from proxy.connect import TUNNEL_KEY, Admission, narrowed
 
 if TYPE_CHECKING:
@@ -88,6 +93,46 @@ async def strip_credentials(gw: Gateway, ex: Exchange) -> None:
     ex.upstream_query = ex.query
 
 
+async def authorize_unlisted(gw: Gateway, ex: Exchange) -> None:
+    """A host no destination names: any method and path, under the runtime's ``unlisted_hosts``
+    purpose, whose every request ``hold_for_approval`` then holds for a person (its body within
+    the purpose's ``max_body``). Nothing the run holds is a grant here. Fills path and purpose.
+    Reasons: destination_not_allowed (no asking for this tunnel), method_refused."""
+    asks = admission_of(ex).route.unlisted
+    if asks is None:
+        raise Forbidden("no destination in policy names this host", Reason.DESTINATION_NOT_ALLOWED)
+    purpose = asks.purpose
+    if ex.method not in purpose.methods:
+        raise MethodNotAllowed(f"{ex.method} is never asked about")
+    ex.path = canonical_path(bytes(ex.scope.get("raw_path") or b"/"))
+    ex.purpose = purpose
+    ex.record.purpose, ex.record.host = purpose.name, gw.client.host_header
+
+
+async def refuse_run_token(gw: Gateway, ex: Exchange) -> None:
+    """The run's own proxy credential never goes to a host outside the policy, nor into the
+    preview a person reads: in the body, the query, the path or a header other than
+    ``Proxy-Authorization`` it is refused before anyone is asked. Fills body (bytes, bounded by
+    the purpose's ``max_body``). Reason: credential_passthrough."""
+    token = admission_of(ex).token.encode()
+    if not isinstance(ex.body, bytes):
+        ex.body = b"".join([chunk async for chunk in ex.body])
+    raw = bytes(ex.scope.get("raw_path") or b"") + b"?" + ex.query
+    headers = (v for k, v in ex.headers if k != b"proxy-authorization")
+    if token in ex.body or token in raw or any(token in v for v in headers):
+        ex.record.passthrough = "run token"
+        raise Forbidden("the run's own proxy credential is never sent to a host outside the policy",
+                        Reason.CREDENTIAL_PASSTHROUGH)
+
+
+async def resolve_unlisted(gw: Gateway, ex: Exchange) -> None:
+    """An unlisted host is resolved now, for a request a person approved, and not before: the
+    egress guard judges every address (``dest_*``) and ``dial_and_stream`` dials the one pinned.
+    Reasons: dest_* (private, metadata, …), dest_unresolvable."""
+    target = await gw.resolver.load()
+    ex.record.upstream_addr = f"{target.address}:{target.port}"
+
+
 def _derived(replace: dict[p.Step, p.Step], after: dict[p.Step, p.Step]) -> tuple[p.Step, ...]:
     """The gateway's STEPS with some replaced and some inserted after others: a step added to the
     gateway pipeline (approvals, a new check) runs in the proxy too, in the same place."""
@@ -102,3 +147,7 @@ def _derived(replace: dict[p.Step, p.Step], after: dict[p.Step, p.Step]) -> tupl
 UPSTREAM_STEPS = _derived({}, {p.check_request: check_tunnel, p.authenticate: same_run})
 DESTINATION_STEPS = _derived({p.authenticate: authenticate_tunnel, p.inject_secret: strip_credentials},
                              {p.check_request: check_tunnel})
+UNLISTED_STEPS = _derived({p.authenticate: authenticate_tunnel, p.authorize: authorize_unlisted,
+                           p.inject_secret: strip_credentials},
+                          {p.check_request: check_tunnel, p.read_body: refuse_run_token,
+                           p.inject_secret: resolve_unlisted})

@@ -55,7 +55,10 @@ def policy_check(directory: Path) -> None:
                    f"purposes={sorted(dest.purposes)}{flags}")
     for rt in policies.runtimes.values():
         allowed = {k: sorted(v) for k, v in rt.allow.items()}
-        click.echo(f"runtime {rt.name}: max_ttl={rt.max_ttl}s allow={allowed}")
+        asks = rt.unlisted
+        ask = (f"  unlisted_hosts: ask {[str(h) for h in asks.ask]} ports={sorted(asks.ports)} "
+               f"timeout={asks.timeout}s" if asks else "")
+        click.echo(f"runtime {rt.name}: max_ttl={rt.max_ttl}s allow={allowed}{ask}")
     alerting = policies.alerting
     thresholds = ", ".join(f"{k}={t.count}/{t.window}s" for k, t in alerting.thresholds.items())
     click.echo(f"alerts: {thresholds}; auto_revoke={sorted(k.value for k in alerting.auto_revoke)}"

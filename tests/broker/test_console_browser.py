@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -19,9 +20,11 @@ from playwright.sync_api import Browser, Page, sync_playwright
 
 from broker.app import create_app
 from broker.settings import BrokerSettings
+from policies.model import PolicySet
 from tests.gateways.test_approvals import BODY, PUBLISH, READ, pending_of, send
 from tests.support.gateway_stack import ISSUER, Stack
 from tests.support.servers import ThreadedServer
+from valetkey.dev.vault_seed import DevVault
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's package (scripts/test installs it); never downloaded
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -29,16 +32,21 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def console(gateway_stack: Stack) -> Iterator[str]:
-    """A broker as `valetkey dev` runs it (plain HTTP, so its cookies cannot be Secure) over the
+@contextmanager
+def console_broker(vault: DevVault, redis_url: str, issuer: str, policies: PolicySet) -> Iterator[str]:
+    """A broker as `valetkey dev` runs it (plain HTTP, so its cookies cannot be Secure) over a
     stack's Redis and Vault: the gateways and the stack's own broker see what it records."""
     settings = BrokerSettings.from_env({
-        "VAULT_ADDR": gateway_stack.vault.addr, "VAULT_TOKEN": gateway_stack.vault.broker_token,
-        "VALETKEY_REDIS_URL": gateway_stack.redis_url, "VALETKEY_ISSUER": ISSUER,
-        "VALETKEY_CONSOLE_INSECURE_COOKIES": "1"})
-    with ThreadedServer(create_app(settings, gateway_stack.policies)) as server:
+        "VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.broker_token, "VALETKEY_REDIS_URL": redis_url,
+        "VALETKEY_ISSUER": issuer, "VALETKEY_CONSOLE_INSECURE_COOKIES": "1"})
+    with ThreadedServer(create_app(settings, policies)) as server:
         yield server.url
+
+
+@pytest.fixture(scope="module")
+def console(gateway_stack: Stack) -> Iterator[str]:
+    with console_broker(gateway_stack.vault, gateway_stack.redis_url, ISSUER, gateway_stack.policies) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "policies"
 FIXTURES = REPO / "tests" / "fixtures" / "policies"
 BROKEN = FIXTURES / "broken"
+ASKS = "runtime demo-agent unlisted_hosts"
 VALID = FIXTURES / "valid"
 
 PURPOSE = "upstream demo purpose read_item"
@@ -184,6 +185,25 @@ BROKEN_CASES = [
                  id="deny-purpose-and-paths"),
     pytest.param("enterprise-two-documents", "enterprise", "a second enterprise document",
                  id="enterprise-two-documents"),
+    # hosts outside the policy, asked about per request (docs/policy.md#unlisted-hosts)
+    pytest.param("unlisted-hosts-no-ask", f"{ASKS}", "missing key 'ask'", id="unlisted-hosts-no-ask"),
+    pytest.param("unlisted-hosts-ip-literal", f"{ASKS} ask[0]", "is an IP literal", id="unlisted-hosts-ip-literal"),
+    pytest.param("unlisted-hosts-timeout-too-long", f"{ASKS} timeout", "7200s is not 1s..3600s",
+                 id="unlisted-hosts-timeout-too-long"),
+    pytest.param("unlisted-hosts-body-too-large", f"{ASKS} max_body", "is over 1048576",
+                 id="unlisted-hosts-body-too-large"),
+    pytest.param("unlisted-hosts-named-by-upstream", f"{ASKS} ask", "api.example.com is named by upstream demo",
+                 id="unlisted-hosts-named-by-upstream"),
+    pytest.param("unlisted-hosts-denied", f"{ASKS} ask", "paste.example.org is denied by the enterprise",
+                 id="unlisted-hosts-denied"),
+    pytest.param("unlisted-hosts-unknown-group", f"{ASKS} approvers", "unknown approver group 'nobody'",
+                 id="unlisted-hosts-unknown-group"),
+    pytest.param("deny-host-and-upstream", "enterprise deny[0]", "needs exactly one of upstream and host",
+                 id="deny-host-and-upstream"),
+    pytest.param("deny-host-with-paths", "enterprise deny[0]", "a host rule denies the whole host",
+                 id="deny-host-with-paths"),
+    pytest.param("deny-host-named-by-upstream", "upstream demo", "api.example.com is denied by the enterprise",
+                 id="deny-host-named-by-upstream"),
 ]
 
 

@@ -46,6 +46,10 @@ API = "api.echo.test"  # a credentialed upstream
 DOCS = "docs.example.test"  # a terminated destination
 TUN = "tun.example.test"  # a tunnelled destination
 META = "meta.example.test"  # an allowed name that resolves to the metadata address
+ASK = "one.ask.example.test"  # no destination names it; runtime asker may ask about *.ask.example.test
+ASK_PLAIN = "plain.ask.example.test"  # the same, plain http
+ASK_META = "meta.ask.example.test"  # the same, resolving to the metadata address
+ASK_DENIED = "denied.ask.example.test"  # the enterprise denies it: never asked about
 UPSTREAM = f"""version: 1
 kind: upstream
 name: secure
@@ -72,6 +76,36 @@ allow:
   tun: [connect]
   meta: [read]
   plain: [read]
+"""
+ASKERS = """version: 1
+kind: runtime
+name: asker
+identity: {vault_policy: valetkey-runtime-asker}
+allow:
+  secure: [read_items]
+unlisted_hosts:
+  ask: ["*.ask.example.test"]
+  ports: [443, 80]
+  timeout: 60s
+  max_body: 1KiB
+  allow_private: true
+---
+version: 1
+kind: runtime
+name: asker-quick
+identity: {vault_policy: valetkey-runtime-asker-quick}
+allow:
+  secure: [read_items]
+unlisted_hosts:
+  ask: ["*.ask.example.test"]
+  timeout: 2s
+  allow_private: true
+"""
+ENTERPRISE = f"""version: 1
+kind: enterprise
+deny:
+  - host: {ASK_DENIED}
+    why: A paste site is never reached from a sandbox.
 """
 
 
@@ -137,19 +171,20 @@ class ProxyStack:
     echoes: dict[str, EchoUpstream]
     servers: list[ThreadedServer] = field(default_factory=list)
 
-    def mint(self, destinations: list[str], ttl: str = "10m") -> tuple[str, str, str]:
+    def mint(self, destinations: list[str], ttl: str = "10m", runtime: str = "tester") -> tuple[str, str, str]:
         """A run: (run id, the upstream placeholder, the proxy credential)."""
-        token = self.vault.runtime_token("tester")
+        token = self.vault.runtime_token(runtime)
+        grant = {"upstream": "secure", "purpose": "read_items"}
         response = httpx.post(f"{self.broker_url}/v1/runs", headers={"X-Vault-Token": token},
-                              json={"grants": [{"upstream": "secure", "purpose": "read_items"}], "ttl": ttl})
+                              json={"grants": [grant], "ttl": ttl})
         response.raise_for_status()
         bundle = response.json()
         run_id = bundle["run_id"]
         grants = tuple(GrantClaim(g, MappingProxyType({})) for g in destinations)
-        claims = AccessClaims.new(issuer=ISSUER, run_id=run_id, audience="egress", runtime="tester",
+        claims = AccessClaims.new(issuer=ISSUER, run_id=run_id, audience="egress", runtime=runtime,
                                   grants=grants, now=int(time.time()), ttl=600)
         proxy_token = asyncio.run(_sign(self.vault.addr, self.vault.broker_token, claims))
-        return run_id, bundle["env"]["SECURE_TOKEN"], proxy_token
+        return run_id, bundle["env"].get("SECURE_TOKEN", ""), proxy_token
 
     def end(self, run_id: str) -> None:
         httpx.delete(f"{self.broker_url}/v1/runs/{run_id}",
@@ -184,6 +219,8 @@ def proxy_stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFact
         (policy_dir / "secure.yaml").write_text(UPSTREAM)
         (policy_dir / "tester.yaml").write_text(RUNTIME)
         (policy_dir / "destinations.yaml").write_text(DESTINATIONS)
+        (policy_dir / "askers.yaml").write_text(ASKERS)
+        (policy_dir / "enterprise.yaml").write_text(ENTERPRISE)
         policies = load_policy_dir(policy_dir)
         dev = DevVault.create(bao.addr, bao.root_token, policies)
         certs = tmp_path_factory.mktemp("proxy-certs")
@@ -196,7 +233,7 @@ def proxy_stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFact
         echoes: dict[str, EchoUpstream] = {}
         servers: list[ThreadedServer] = []
         resolve: list[str] = []
-        for name, host in (("secure", API), ("docs", DOCS), ("tun", TUN)):
+        for name, host in (("secure", API), ("docs", DOCS), ("tun", TUN), ("ask", ASK)):
             placement = "header:authorization:Bearer {secret}" if name == "secure" else "open"
             echo = EchoUpstream(placement, secret=dev.secrets.get(name, ""))
             cert, key = make_leaf(certs, ca_key, ca, host)
@@ -210,6 +247,12 @@ def proxy_stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFact
         echoes["plain"] = plain
         servers.append(plain_server.start())
         resolve.append(f"plain.example.test:80=127.0.0.1:{plain_server.port}")
+        ask_plain = EchoUpstream("open", secret="")
+        ask_plain_server = ThreadedServer(ask_plain, http=ask_plain.protocol())
+        echoes["ask-plain"] = ask_plain
+        servers.append(ask_plain_server.start())
+        resolve.append(f"{ASK_PLAIN}:80=127.0.0.1:{ask_plain_server.port}")
+        resolve.append(f"{ASK_META}:443=169.254.169.254:443")
         resolve.append(f"{META}:443=169.254.169.254:443")
         broker = ThreadedServer(create_app(BrokerSettings.from_env({
             "VAULT_ADDR": dev.addr, "VAULT_TOKEN": dev.broker_token, "VALETKEY_REDIS_URL": redis_server.url,

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import pytest
@@ -165,7 +165,11 @@ async def loopback_resolver(host: str, port: int) -> list[tuple[Any, ...]]:
     return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
 
 
-def audit_line(stack: Stack, request_id: str) -> dict[str, Any]:
+class HasRedis(Protocol):
+    redis_url: str
+
+
+def audit_line(stack: HasRedis, request_id: str) -> dict[str, Any]:
     client = redis.Redis.from_url(stack.redis_url)
     try:
         for _ in range(100):
