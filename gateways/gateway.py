@@ -117,10 +117,11 @@ class Gateway:
             current = self._redactor = (self.secrets.version, Redactor(values, extra))
         return current[1]
 
-    def forms(self, values: tuple[Secret, ...]) -> Redactor:
-        """The redactor of one issued credential (and the value it replaced): built in a thread."""
+    async def forms(self, values: tuple[Secret, ...]) -> Redactor:
+        """The redactor of one issued credential (and the value it replaced), built on the loop
+        in steps of a millisecond or two (``Redactor.build``)."""
         raw = [v.reveal().encode() for v in values]
-        return Redactor(raw, [f for v in raw for f in injected_forms(self.upstream.injection, v)])
+        return await Redactor.build(raw, [f for v in raw for f in injected_forms(self.upstream.injection, v)])
 
     @classmethod
     def build(cls, settings: GatewaySettings, upstream: Upstream, resolver: Resolver | None = None,
@@ -230,6 +231,7 @@ class Gateway:
         """What is this upstream's alone: its secret (or credential source), forms, address."""
         await self.secrets.start()
         if self.credentials is not None:
+            await Redactor.warm()  # an issued credential's forms then build in milliseconds
             await self.credentials.start()
         if self.prewarm is not None:
             await self.prewarm.start()

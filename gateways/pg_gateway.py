@@ -67,7 +67,7 @@ def client_tls(env: Mapping[str, str]) -> ssl.SSLContext | None:
     return context
 
 
-def _no_forms(values: tuple[Secret, ...]) -> None:
+async def _no_forms(values: tuple[Secret, ...]) -> None:
     """PostgreSQL never sends the password back and results are not parsed: nothing to redact."""
     return None
 
