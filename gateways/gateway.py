@@ -37,6 +37,7 @@ from gateways.secret_store import SecretStore
 from gateways.settings import GatewaySettings
 from gateways.sources import build_source
 from gateways.sources.cache import RunCredentials
+from gateways.sources.issued import IssuedValues
 from gateways.sources.metrics import SourceMetrics
 from gateways.sources.prewarm import Prewarm
 from gateways.upstream import UpstreamClient
@@ -84,6 +85,9 @@ class Gateway:
     enterprise: Enterprise
     credentials: RunCredentials[Redactor] | None = None  # a run-scoped credential source's cache
     prewarm: Prewarm | None = None  # issues a new run's credential when the broker creates it
+    # every issued credential still valid (this process's values, every replica's digests): the
+    # passthrough scanner refuses them; one per process (the proxy's gateways share it)
+    issued: IssuedValues = field(default_factory=lambda: IssuedValues(None))
     _scanner: tuple[int, CredentialScanner] | None = field(default=None, repr=False)
     _metrics_server: tuple[Any, Any] | None = field(default=None, repr=False)
     _redactor: tuple[int, Redactor] | None = field(default=None, repr=False)
@@ -96,7 +100,8 @@ class Gateway:
     def scanner(self) -> CredentialScanner:
         """Provider patterns plus the real secrets held (rebuilt only when they rotate)."""
         if self._scanner is None or self._scanner[0] != self.secrets.version:
-            self._scanner = (self.secrets.version, CredentialScanner(extra_exact=self.secrets.all_values()))
+            self._scanner = (self.secrets.version, CredentialScanner(extra_exact=self.secrets.all_values(),
+                                                                     issued=self.issued))
         return self._scanner[1]
 
     def share_forms(self, other: Gateway) -> None:
@@ -178,7 +183,7 @@ class Gateway:
             slots=RunSlots(upstream.run_limits.concurrent),
             detectors=detectors, webhook=webhook,
             approvals=ApprovalWaiter(redis, settings.approval_max_held),
-            enterprise=enterprise or Enterprise(),
+            enterprise=enterprise or Enterprise(), issued=IssuedValues(redis),
         )
         gateway.attach_source()
         return gateway
@@ -191,7 +196,7 @@ class Gateway:
         if source is None:
             return
         credentials = RunCredentials(source, self.upstream.name, SourceMetrics(self.metrics.registry),
-                                     self.forms)
+                                     self.forms, issued=self.issued)
         credentials.revoked = self.revocations.revoked
         self.revocations.listeners.append(lambda record: credentials.end_runs(record.covers))
         self.credentials = credentials
@@ -218,7 +223,7 @@ class Gateway:
             budgets=Budgets(shared.redis, upstream, since=shared.revocations.generation_since),
             slots=RunSlots(upstream.run_limits.concurrent),
             detectors=shared.detectors, webhook=shared.webhook, approvals=shared.approvals,
-            enterprise=shared.enterprise,
+            enterprise=shared.enterprise, issued=shared.issued,
         )
         gateway.attach_source(ca_file)
         return gateway
@@ -258,6 +263,7 @@ class Gateway:
         await self.keys.start()
         await self.audit.start()
         await self.approvals.start()
+        await self.issued.start()
         if self.settings.metrics_listen is not None:
             host, port = self.settings.metrics_listen
             self._metrics_server = start_http_server(port, addr=host, registry=self.metrics.registry)
@@ -273,6 +279,7 @@ class Gateway:
         await self.webhook.stop()
         await self.revocations.stop()
         await self.stop_own()
+        await self.issued.stop()  # after the sources: their revocations unpublish what they held
         await self.keys.stop()
         await self.client.aclose()
         await self.http.aclose()

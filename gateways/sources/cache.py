@@ -29,6 +29,7 @@ from contract.errors import Reason, TokenInvalid, ValetkeyError
 from contract.secret import Secret
 from contract.tasks import stop_task
 from gateways.sources.base import IssuedCredential, RunCredentialSource, unavailable
+from gateways.sources.issued import IssuedValues
 from gateways.sources.metrics import SourceMetrics
 
 log = logging.getLogger("valetkey.gateway")
@@ -59,7 +60,8 @@ def _grants(claims: AccessClaims) -> frozenset[tuple[str, tuple[tuple[str, str],
 class RunCredentials(Generic[F]):
     def __init__(self, source: RunCredentialSource, upstream: str, metrics: SourceMetrics,
                  forms: Callable[[tuple[Secret, ...]], Awaitable[F]], *, refresh_ahead: float = 0.25,
-                 tick: float = 1.0, clock: Callable[[], float] = time.time) -> None:
+                 tick: float = 1.0, clock: Callable[[], float] = time.time,
+                 issued: IssuedValues | None = None) -> None:
         self.source = source
         self._upstream = upstream
         self._metrics = metrics
@@ -67,6 +69,7 @@ class RunCredentials(Generic[F]):
         self._ahead = refresh_ahead
         self._tick = tick
         self._clock = clock
+        self._issued = issued  # what the passthrough scanner refuses (until revoked or expired)
         self._held: dict[str, Held[F]] = {}
         self._pending: dict[str, asyncio.Task[Held[F]]] = {}
         self._ended: dict[str, float] = {}  # run id -> when to forget it was ended
@@ -153,6 +156,8 @@ class RunCredentials(Generic[F]):
         except ValetkeyError as exc:
             self._count(self._metrics.issued, exc.code)
             raise
+        if self._issued is not None:
+            self._issued.add(credential)
         forms = await self._forms((credential.value,))
         held = Held(claims, credential, self._clock(), forms)
         self._metrics.issue_seconds.labels(self._upstream, kind).observe(time.perf_counter() - started)
@@ -177,6 +182,8 @@ class RunCredentials(Generic[F]):
         except ValetkeyError as exc:
             self._count(self._metrics.refreshed, exc.code)
             raise
+        if self._issued is not None:
+            self._issued.add(new)
         values = (new.value,) if new.value == old.value else (new.value, old.value)
         forms = held.forms if values == (old.value,) else await self._forms(values)
         fresh = Held(held.claims, new, self._clock(), forms)
@@ -220,6 +227,8 @@ class RunCredentials(Generic[F]):
             return
         self._count(self._metrics.revoked, "ok")
         self._event("credential_revoked", key, credential)
+        if self._issued is not None:
+            self._issued.discard(credential)
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
