@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+from collections.abc import Awaitable, Callable
 from urllib.parse import quote
 
 import pytest
@@ -36,48 +37,50 @@ def credential(value: str = VALUE, expires: float = NOW + 300) -> IssuedCredenti
     return IssuedCredential(Secret(value), "oauth2_access_token", "expires", expires)
 
 
-async def two_replicas(server: RedisServer) -> tuple[IssuedValues, IssuedValues, aioredis.Redis]:
-    client = aioredis.from_url(server.url, db=9)
-    await client.delete(KEY)
-    here = IssuedValues(client, clock=lambda: NOW)
-    there = IssuedValues(client, clock=lambda: NOW)
-    here.add(credential())
-    await here.stop()  # the publication written
-    await there.refresh()
-    return here, there, client
+Check = Callable[[IssuedValues, IssuedValues, aioredis.Redis], Awaitable[None]]
+
+
+def with_two_replicas(server: RedisServer, check: Check) -> None:
+    """``check(here, there, client)`` once ``here`` issued ``VALUE`` and ``there`` read Redis."""
+
+    async def scenario() -> None:
+        client = aioredis.from_url(server.url, db=9)
+        try:
+            await client.delete(KEY)
+            here = IssuedValues(client, clock=lambda: NOW)
+            there = IssuedValues(client, clock=lambda: NOW)
+            here.add(credential())
+            await here.stop()  # the publication written
+            await there.refresh()
+            await check(here, there, client)
+        finally:
+            await client.aclose()
+
+    asyncio.run(scenario())
 
 
 @pytest.mark.parametrize(("data", "here_finds", "there_finds"), SHAPES)
 def test_found_here_exactly_and_elsewhere_by_digest(redis_server: RedisServer, data: str, here_finds: bool,
                                                     there_finds: bool) -> None:
-    async def scenario() -> None:
-        here, there, client = await two_replicas(redis_server)
-        try:
-            assert here.find(data.encode()) is here_finds
-            assert there.find(data.encode()) is there_finds
-        finally:
-            await client.aclose()
+    async def check(here: IssuedValues, there: IssuedValues, _: aioredis.Redis) -> None:
+        assert here.find(data.encode()) is here_finds
+        assert there.find(data.encode()) is there_finds
 
-    asyncio.run(scenario())
+    with_two_replicas(redis_server, check)
 
 
 def test_the_scanner_refuses_it_in_each_place_it_decodes(redis_server: RedisServer) -> None:
-    async def scenario() -> None:
-        _, there, client = await two_replicas(redis_server)
-        try:
-            scanner = CredentialScanner(issued=there)
-            basic = base64.b64encode(f"x-access-token:{VALUE}".encode())
-            headers = [(b"authorization", b"Basic " + basic)]
-            assert scanner.scan_headers(headers) is not None
-            found = scanner.scan_query(f"q={quote(VALUE, safe='')}".encode())
-            assert found is not None
-            assert (found.pattern, found.reason.value) == ("issued_credential", "credential_passthrough")
-            assert scanner.scan_body(json.dumps({"k": VALUE}).encode(), "application/json") is not None
-            assert scanner.scan_headers([(b"x-note", b"harmless")]) is None
-        finally:
-            await client.aclose()
+    async def check(_: IssuedValues, there: IssuedValues, __: aioredis.Redis) -> None:
+        scanner = CredentialScanner(issued=there)
+        basic = base64.b64encode(f"x-access-token:{VALUE}".encode())
+        assert scanner.scan_headers([(b"authorization", b"Basic " + basic)]) is not None
+        found = scanner.scan_query(f"q={quote(VALUE, safe='')}".encode())
+        assert found is not None
+        assert (found.pattern, found.reason.value) == ("issued_credential", "credential_passthrough")
+        assert scanner.scan_body(json.dumps({"k": VALUE}).encode(), "application/json") is not None
+        assert scanner.scan_headers([(b"x-note", b"harmless")]) is None
 
-    asyncio.run(scenario())
+    with_two_replicas(redis_server, check)
 
 
 def test_known_until_revoked_or_expired(redis_server: RedisServer) -> None:
@@ -108,14 +111,10 @@ def test_known_until_revoked_or_expired(redis_server: RedisServer) -> None:
 
 
 def test_no_value_in_redis_or_repr(redis_server: RedisServer) -> None:
-    async def scenario() -> None:
-        here, there, client = await two_replicas(redis_server)
-        try:
-            members = await client.zrange(KEY, 0, -1)
-            assert members
-            assert all(VALUE.encode() not in m for m in members)
-            assert VALUE not in repr(here) + repr(there)
-        finally:
-            await client.aclose()
+    async def check(here: IssuedValues, there: IssuedValues, client: aioredis.Redis) -> None:
+        members = await client.zrange(KEY, 0, -1)
+        assert members
+        assert all(VALUE.encode() not in m for m in members)
+        assert VALUE not in repr(here) + repr(there)
 
-    asyncio.run(scenario())
+    with_two_replicas(redis_server, check)
