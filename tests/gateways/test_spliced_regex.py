@@ -5,6 +5,7 @@ every pattern in a worker thread)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import re
 import secrets
 import time
@@ -95,16 +96,22 @@ def test_learning_a_credential_does_not_hold_the_loop(monkeypatch: pytest.Monkey
 
     async def scenario() -> None:
         await Redactor.warm()
-        value = fresh()
-        turns, spliced_longest, redactor = await _loop_held(lambda: Redactor.build([value]))
-        # the loop ran between the steps: at least once per text of the credential
-        assert turns >= redactor.texts
-        assert redactor.redact(b"token=" + value) == (b"token=[REDACTED:valetkey]", 1)
+        spliced = []
+        for _ in range(3):
+            value = fresh()
+            turns, longest, redactor = await _loop_held(lambda: Redactor.build([value]))  # noqa: B023
+            # the loop ran between the steps: at least once per text of the credential
+            assert turns >= redactor.texts
+            assert redactor.redact(b"token=" + value) == (b"token=[REDACTED:valetkey]", 1)
+            spliced.append(longest)
         # the build it replaced, in the same run: every pattern through re.compile, in a thread
         monkeypatch.setattr(spliced_regex, "SPLICING", False)
-        before = fresh()
-        _, threaded_longest, _ = await _loop_held(lambda: asyncio.to_thread(Redactor, [before]))
+        threaded = [(await _loop_held(lambda: asyncio.to_thread(Redactor, [fresh()])))[1] for _ in range(2)]
         monkeypatch.setattr(spliced_regex, "SPLICING", True)
-        assert spliced_longest * 3 < threaded_longest
+        assert sorted(spliced)[1] * 3 < max(threaded)
 
-    asyncio.run(scenario())
+    gc.disable()  # a collection's pause is not what this compares (either build may meet one)
+    try:
+        asyncio.run(scenario())
+    finally:
+        gc.enable()
