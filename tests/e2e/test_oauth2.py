@@ -37,8 +37,8 @@ from valetkey.dev.demo.openai_like import OpenAILike
 from valetkey.dev.services import RedisServer
 
 CLIENT = Path(__file__).parent / "clients" / "openai_refresh.py"
-LIFETIME = 10  # seconds an access token lives: refreshed 5 s ahead (a new value's forms take seconds
-# to build on a loaded 2-core box, docs/benchmarks.md#run-scoped-credentials)
+LIFETIME = 10  # seconds an access token lives: refreshed 5 s ahead (a new value's forms build in
+# tens of ms, docs/benchmarks.md#run-scoped-credentials; the margin is for a loaded 2-core box)
 CLIENT_PATH, GRANT_PATH = "valetkey/oauth/demo", "valetkey/oauth/demo-grant"
 
 
