@@ -30,13 +30,25 @@ try:  # private: their absence or another code format turns splicing off (see SP
 except ImportError:  # pragma: no cover - a Python without these modules
     _compiler = _parser = None
 
-__all__ = ["SPLICING", "alternation", "concatenation"]
+__all__ = ["SPLICING", "Unique", "alternation", "concatenation"]
 
 Piece = tuple[list[int], list[Any]]  # a piece's code (no header, no SUCCESS) and its parsed items
 
 
-@functools.lru_cache(maxsize=4096)  # the per-character pieces (~600) stay; a credential adds ~4
+class Unique(bytes):
+    """A piece of one secret only (a text's optional tail): compiled, never cached."""
+
+
+@functools.lru_cache(maxsize=4096)  # the per-character pieces: a few hundred, shared by every secret
+def _shared_piece(source: bytes) -> Piece:
+    return _compile_piece(source)
+
+
 def _piece(source: bytes) -> Piece:
+    return _compile_piece(source) if isinstance(source, Unique) else _shared_piece(source)
+
+
+def _compile_piece(source: bytes) -> Piece:
     parsed = _parser.parse(source, 0)
     if parsed.state.groups != 1:
         raise ValueError("a spliced piece has no capturing group")
@@ -51,7 +63,7 @@ def _finish(source: bytes, body: list[int], items: list[Any]) -> re.Pattern[byte
     return pattern
 
 
-@functools.lru_cache(maxsize=256)  # a text's prefix pattern is spliced again into the alternation
+@functools.lru_cache(maxsize=128)  # a build splices its texts' prefixes again into the alternation
 def _concatenation(pieces: tuple[bytes, ...]) -> tuple[list[int], list[Any]]:
     """The pieces' code joined, and their parsed items (read only: the lists are shared)."""
     body: list[int] = []

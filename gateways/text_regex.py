@@ -20,6 +20,7 @@ from gateways.secret_forms import (
     Text,
     units_of,
 )
+from gateways.spliced_regex import Unique
 
 _GAP = rb"(?:[ \t\r\n]|\\[nrt]|%%0[aAdD9]|%%20){0,%d}" % FOLD_GAP
 _HEX_GAP = _GAP.replace(b"[ ", b"[: ", 1)  # hex also in colon-separated pairs (fingerprints)
@@ -106,7 +107,7 @@ def compile_text(text: Text) -> Compiled:
     for whole, _ in reversed(tail_regexes):
         optional = b"(?:" + gap + whole + optional + b")?"
     full = [regexes[0][0], *(piece for whole, _ in regexes[1:] for piece in (gap, whole) if piece)]
-    full += [optional] if optional else []
+    full += [Unique(optional)] if optional else []  # this secret's own: not worth caching
     # Flat, not nested (a long secret would nest too deep): each unit matches whole, or partly with
     # the data ending there. Past the first unit "partly" is any escape-like fragment: a superset,
     # which may hold back a few more bytes but never fewer. (A head is not held for: an occurrence
