@@ -65,7 +65,6 @@ class IssuedValues:
         self._writes: set[asyncio.Task[None]] = set()
         self._last: asyncio.Task[None] | None = None
         self._task: asyncio.Task[None] | None = None
-        self.fresh = redis is None  # the mirror has been read at least once
 
     def __repr__(self) -> str:
         return f"IssuedValues(local={len(self._values)}, published={len(self._digests)})"
@@ -159,7 +158,6 @@ class IssuedValues:
         self._digests = digests
         self._lengths = frozenset(int(d.split(":", 1)[0]) for d in digests)
         self._shortest = min(self._lengths, default=0)
-        self.fresh = True
 
     async def start(self) -> None:
         with contextlib.suppress(RedisError):
