@@ -191,7 +191,11 @@ def sources(results: Results) -> str:
     body = (f"`python -m bench.sources` in this run (what it measures: [Run-scoped credentials]"
             f"(#run-scoped-credentials) below):\n\n```text\n{r['output']}\n```" if r.get("output")
             else f"TODO: {r.get('todo', 'bench/sources.py not run')}")
-    return "\n\n".join(["## 8. Run-scoped credential sources", body])
+    parts = ["## 8. Run-scoped credential sources", body]
+    if r.get("pg"):
+        parts += ["`python -m bench.pg_issuance --runs 20` in this run (per-run database leases; the "
+                  "Postgres gateway issues a run's lease at run creation):", r["pg"]]
+    return "\n\n".join(parts)
 
 
 def render(results: Results) -> str:

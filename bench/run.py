@@ -244,6 +244,13 @@ def measure(cfg: Config, results: dict[str, Any]) -> None:
                               cwd=REPO)
         failed = f"bench/sources.py failed ({done.returncode}): {done.stderr.strip()[-400:]}"
         results["sources"] = {"output": done.stdout.strip()} if done.returncode == 0 else {"todo": failed}
+        if not cfg.smoke:  # PostgreSQL, OpenBao, a broker and a Postgres gateway: not for --smoke
+            log("8. per-run database leases (bench/pg_issuance.py)")
+            done = subprocess.run([sys.executable, "-m", "bench.pg_issuance", "--runs", "20"],
+                                  capture_output=True, text=True, timeout=1800, check=False, cwd=REPO)
+            results["sources"]["pg"] = (done.stdout.strip() if done.returncode == 0 else
+                                        f"TODO: bench/pg_issuance.py failed ({done.returncode}): "
+                                        f"{done.stderr.strip()[-400:]}")
     if "revocation" in cfg.sections:
         results["revocation"] = []
         for n in cfg.replicas:

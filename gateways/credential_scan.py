@@ -24,12 +24,16 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import unquote_to_bytes
 
 from ahocorasick_rs import BytesAhoCorasick
 
 from contract.errors import Reason
 from contract.secret import Secret
+
+if TYPE_CHECKING:
+    from gateways.sources.issued import IssuedValues
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,8 @@ PUBLIC_PREFIXES: tuple[bytes, ...] = (
 _WORD_CHAR = r"[A-Za-z0-9_.\-]"  # a match never starts right after one of these
 _END = r"(?![A-Za-z0-9])"
 HELD_SECRET = CredentialPattern("held_secret", "gateway", "")  # an ``extra_exact`` value, not a regex
+# a credential a run-scoped source issued (any replica's), still valid: gateways/sources/issued.py
+ISSUED_CREDENTIAL = CredentialPattern("issued_credential", "gateway", "")
 MIN_EXACT_LENGTH = 8  # shorter held values would refuse ordinary text; real secrets are longer
 MAX_DECODES = 2  # percent-decoding rounds: catches double encoding (%2567 -> %67 -> g)
 _SAFE_NAME = re.compile(rb"[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}")
@@ -202,10 +208,12 @@ class CredentialScanner:
         self,
         patterns: Sequence[CredentialPattern] = PATTERNS,
         extra_exact: Iterable[str | Secret] = (),
+        issued: IssuedValues | None = None,
     ) -> None:
         names = [p.name for p in patterns]
-        if len(set(names)) != len(names) or HELD_SECRET.name in names:
-            raise ValueError(f"credential pattern names must be unique and not {HELD_SECRET.name!r}")
+        if len(set(names)) != len(names) or {HELD_SECRET.name, ISSUED_CREDENTIAL.name} & set(names):
+            raise ValueError("credential pattern names must be unique and not "
+                             f"{HELD_SECRET.name!r} or {ISSUED_CREDENTIAL.name!r}")
         for pattern in patterns:
             _check(pattern)
         self.patterns = tuple(patterns)
@@ -215,6 +223,7 @@ class CredentialScanner:
         self._anchors = BytesAhoCorasick(sorted(anchors))
         values = (v.reveal() if isinstance(v, Secret) else v for v in extra_exact)
         self._exact = tuple({_as_bytes(v) for v in values if len(v) >= MIN_EXACT_LENGTH})
+        self._issued = issued  # live: learns each issued credential without a rebuild
 
     def __repr__(self) -> str:
         return f"CredentialScanner(patterns={len(self.patterns)}, held={len(self._exact)})"
@@ -231,6 +240,8 @@ class CredentialScanner:
         # a substring test, not compare_digest: the oracle is "refused or not", on whole values only
         if any(secret in raw for secret in self._exact):
             return HELD_SECRET
+        if self._issued is not None and self._issued.find(raw):
+            return ISSUED_CREDENTIAL
         return None
 
     def _first(self, location: str, forms: Iterable[bytes]) -> Finding | None:

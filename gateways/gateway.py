@@ -37,6 +37,7 @@ from gateways.secret_store import SecretStore
 from gateways.settings import GatewaySettings
 from gateways.sources import build_source
 from gateways.sources.cache import RunCredentials
+from gateways.sources.issued import IssuedValues
 from gateways.sources.metrics import SourceMetrics
 from gateways.sources.prewarm import Prewarm
 from gateways.upstream import UpstreamClient
@@ -84,6 +85,9 @@ class Gateway:
     enterprise: Enterprise
     credentials: RunCredentials[Redactor] | None = None  # a run-scoped credential source's cache
     prewarm: Prewarm | None = None  # issues a new run's credential when the broker creates it
+    # every issued credential still valid (this process's values, every replica's digests): the
+    # passthrough scanner refuses them; one per process (the proxy's gateways share it)
+    issued: IssuedValues = field(default_factory=lambda: IssuedValues(None))
     _scanner: tuple[int, CredentialScanner] | None = field(default=None, repr=False)
     _metrics_server: tuple[Any, Any] | None = field(default=None, repr=False)
     _redactor: tuple[int, Redactor] | None = field(default=None, repr=False)
@@ -96,7 +100,8 @@ class Gateway:
     def scanner(self) -> CredentialScanner:
         """Provider patterns plus the real secrets held (rebuilt only when they rotate)."""
         if self._scanner is None or self._scanner[0] != self.secrets.version:
-            self._scanner = (self.secrets.version, CredentialScanner(extra_exact=self.secrets.all_values()))
+            self._scanner = (self.secrets.version, CredentialScanner(extra_exact=self.secrets.all_values(),
+                                                                     issued=self.issued))
         return self._scanner[1]
 
     def share_forms(self, other: Gateway) -> None:
@@ -117,10 +122,11 @@ class Gateway:
             current = self._redactor = (self.secrets.version, Redactor(values, extra))
         return current[1]
 
-    def forms(self, values: tuple[Secret, ...]) -> Redactor:
-        """The redactor of one issued credential (and the value it replaced): built in a thread."""
+    async def forms(self, values: tuple[Secret, ...]) -> Redactor:
+        """The redactor of one issued credential (and the value it replaced), built on the loop
+        in steps of a millisecond or two (``Redactor.build``)."""
         raw = [v.reveal().encode() for v in values]
-        return Redactor(raw, [f for v in raw for f in injected_forms(self.upstream.injection, v)])
+        return await Redactor.build(raw, [f for v in raw for f in injected_forms(self.upstream.injection, v)])
 
     @classmethod
     def build(cls, settings: GatewaySettings, upstream: Upstream, resolver: Resolver | None = None,
@@ -177,7 +183,7 @@ class Gateway:
             slots=RunSlots(upstream.run_limits.concurrent),
             detectors=detectors, webhook=webhook,
             approvals=ApprovalWaiter(redis, settings.approval_max_held),
-            enterprise=enterprise or Enterprise(),
+            enterprise=enterprise or Enterprise(), issued=IssuedValues(redis),
         )
         gateway.attach_source()
         return gateway
@@ -190,7 +196,7 @@ class Gateway:
         if source is None:
             return
         credentials = RunCredentials(source, self.upstream.name, SourceMetrics(self.metrics.registry),
-                                     self.forms)
+                                     self.forms, issued=self.issued)
         credentials.revoked = self.revocations.revoked
         self.revocations.listeners.append(lambda record: credentials.end_runs(record.covers))
         self.credentials = credentials
@@ -217,7 +223,7 @@ class Gateway:
             budgets=Budgets(shared.redis, upstream, since=shared.revocations.generation_since),
             slots=RunSlots(upstream.run_limits.concurrent),
             detectors=shared.detectors, webhook=shared.webhook, approvals=shared.approvals,
-            enterprise=shared.enterprise,
+            enterprise=shared.enterprise, issued=shared.issued,
         )
         gateway.attach_source(ca_file)
         return gateway
@@ -230,6 +236,7 @@ class Gateway:
         """What is this upstream's alone: its secret (or credential source), forms, address."""
         await self.secrets.start()
         if self.credentials is not None:
+            await Redactor.warm()  # an issued credential's forms then build in milliseconds
             await self.credentials.start()
         if self.prewarm is not None:
             await self.prewarm.start()
@@ -256,6 +263,7 @@ class Gateway:
         await self.keys.start()
         await self.audit.start()
         await self.approvals.start()
+        await self.issued.start()
         if self.settings.metrics_listen is not None:
             host, port = self.settings.metrics_listen
             self._metrics_server = start_http_server(port, addr=host, registry=self.metrics.registry)
@@ -271,6 +279,7 @@ class Gateway:
         await self.webhook.stop()
         await self.revocations.stop()
         await self.stop_own()
+        await self.issued.stop()  # after the sources: their revocations unpublish what they held
         await self.keys.stop()
         await self.client.aclose()
         await self.http.aclose()

@@ -46,7 +46,9 @@ from gateways.revocation_watcher import RevocationWatcher
 from gateways.runslots import RunSlots
 from gateways.settings import GatewaySettings
 from gateways.sources.cache import RunCredentials
+from gateways.sources.issued import IssuedValues
 from gateways.sources.metrics import SourceMetrics
+from gateways.sources.prewarm import Prewarm
 from gateways.sources.vault_database import VaultDatabase
 from policies.model import PostgresTarget, Upstream
 from policies.sources import VaultDatabaseSource
@@ -67,7 +69,7 @@ def client_tls(env: Mapping[str, str]) -> ssl.SSLContext | None:
     return context
 
 
-def _no_forms(values: tuple[Secret, ...]) -> None:
+async def _no_forms(values: tuple[Secret, ...]) -> None:
     """PostgreSQL never sends the password back and results are not parsed: nothing to redact."""
     return None
 
@@ -85,6 +87,8 @@ class PgGateway:
     revocations: RevocationWatcher
     resolver: PinnedResolver
     leases: RunCredentials[None]  # each run's lease (no redaction forms: see docs/threat-model.md)
+    prewarm: Prewarm  # a run's lease is issued when the broker creates the run
+    issued: IssuedValues  # the passwords' digests, published: HTTP gateways refuse them as passthrough
     audit: AuditSink
     metrics: Metrics
     budgets: Budgets
@@ -115,9 +119,10 @@ class PgGateway:
                         max_age=settings.jwks_max_age, max_stale=settings.jwks_max_stale)
         revocations = RevocationWatcher(redis, max_stale=settings.revocation_max_stale)
         metrics = Metrics()
+        issued = IssuedValues(redis)
         leases: RunCredentials[None] = RunCredentials(
             VaultDatabase(vault, source.mount, dict(source.roles)), upstream.name,
-            SourceMetrics(metrics.registry), _no_forms, tick=lease_tick)
+            SourceMetrics(metrics.registry), _no_forms, tick=lease_tick, issued=issued)
         leases.revoked = revocations.revoked  # the sweep ends runs a revocation covers
         revocations.listeners.append(lambda record: leases.end_runs(record.covers))  # and at once
         return cls(
@@ -127,7 +132,7 @@ class PgGateway:
                                    run_check=revocations.run_check, leeway=settings.token_leeway),
             resolver=PinnedResolver(upstream.postgres.host, upstream.postgres.port, upstream.allow_private,
                                     resolver=resolver),
-            leases=leases,
+            leases=leases, prewarm=Prewarm(redis, leases, upstream.name), issued=issued,
             audit=AuditSink(redis, settings.audit_stream, settings.audit_maxlen, metrics,
                             settings.audit_buffer),
             metrics=metrics, budgets=Budgets(redis, upstream), slots=RunSlots(upstream.run_limits.concurrent),
@@ -189,7 +194,9 @@ class PgGateway:
         await self.resolver.start()
         await self.keys.start()
         await self.audit.start()
+        await self.issued.start()
         await self.leases.start()
+        await self.prewarm.start()
         if self.settings.metrics_listen is not None:
             host, port = self.settings.metrics_listen
             self._metrics_server = start_http_server(port, addr=host, registry=self.metrics.registry)
@@ -208,7 +215,9 @@ class PgGateway:
             server.shutdown()
             server.server_close()
             thread.join(timeout=5)
+        await self.prewarm.stop()
         await self.leases.stop()
+        await self.issued.stop()
         await stop_task(self._login_task)
         await self.audit.stop()
         await self.revocations.stop()

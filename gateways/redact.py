@@ -22,14 +22,16 @@ what a client joins across events and uses the same two questions: ``spans`` and
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from ahocorasick_rs import MATCHKIND_LEFTMOST_FIRST, BytesAhoCorasick
 
 from gateways.secret_forms import FAMILIES, JSON_FAMILY, Anchor, Text, forms, texts
+from gateways.spliced_regex import alternation, concatenation
 from gateways.text_regex import compile_text
 
 __all__ = ["MARKER", "MIN_SECRET_LENGTH", "Redactor", "StreamRedactor", "forms"]
@@ -39,6 +41,7 @@ MIN_SECRET_LENGTH = 4  # shorter values would redact ordinary text; policy secre
 # Teddy (the SIMD searcher) takes at most 64 patterns; past that the automaton runs about 10x
 # slower, so more anchors (folded forms, rotated secrets) are split into automata of this many
 TEDDY_PATTERNS = 64
+WARM_SAMPLE = bytes(range(0x20, 0x7F))  # see Redactor.warm
 _SENTINEL = 1 << 62  # the mask bit of the "\\u" sentinel (no redactor has that many texts)
 _JSON_GATE = JSON_FAMILY.encode()
 Span = tuple[int, int, bytes]  # start, end, the marker that replaces it
@@ -48,6 +51,7 @@ Span = tuple[int, int, bytes]  # start, end, the marker that replaces it
 class _Matcher:
     full: re.Pattern[bytes]
     prefix: re.Pattern[bytes]
+    prefix_pieces: tuple[bytes, ...]
     longest: int
     marker: bytes  # MARKER, in the text's own encoding (UTF-16/32)
     head: bytes  # a match extends back over any suffix of this (a partial echo's earlier part)
@@ -58,26 +62,54 @@ class _Matcher:
 def _matcher(text: Text) -> tuple[_Matcher, frozenset[Anchor], frozenset[int]]:
     compiled = compile_text(text)
     marker = MARKER.decode().encode(text.encoding) if text.encoding else MARKER
-    matcher = _Matcher(re.compile(compiled.full), re.compile(compiled.prefix), compiled.longest, marker,
-                       text.head, not text.tail and not text.fold)
+    # spliced from cached per-character pieces: a new secret costs milliseconds (spliced_regex.py)
+    matcher = _Matcher(concatenation(compiled.full_pieces), concatenation(compiled.prefix_pieces),
+                       compiled.prefix_pieces, compiled.longest, marker, text.head,
+                       not text.tail and not text.fold)
     return matcher, compiled.anchors, compiled.alphabet
 
 
 class Redactor:
     def __init__(self, secrets: Iterable[bytes], extra_forms: Iterable[bytes] = ()) -> None:
+        for _ in self._build(secrets, extra_forms):
+            pass
+
+    @classmethod
+    async def build(cls, secrets: Iterable[bytes], extra_forms: Iterable[bytes] = ()) -> Redactor:
+        """``Redactor(secrets, extra_forms)``, built on the event loop in steps of a millisecond or
+        two, yielding between them: a thread would hold the GIL the loop needs for tens of ms at a
+        time (the GIL changes hands every 5 ms, and each loop turn needs it), a step cannot."""
+        redactor = cls.__new__(cls)
+        for _ in redactor._build(secrets, extra_forms):
+            await asyncio.sleep(0)
+        return redactor
+
+    @classmethod
+    async def warm(cls) -> None:
+        """Compile the pieces of every printable ASCII character in each of its texts (raw, base64,
+        hex, UTF-16/32) once, at start-up, so the first issued credential's build is as quick as
+        every later one's (a piece costs a parse and a compile the first time it is met)."""
+        await cls.build([WARM_SAMPLE, WARM_SAMPLE[::-1]])
+
+    def _build(self, secrets: Iterable[bytes], extra_forms: Iterable[bytes]) -> Iterator[None]:
+        """Builds the redactor; yields between steps (one text, one prefilter) where the caller
+        may run other work."""
         found: list[Text] = [t for s in secrets if len(s) >= MIN_SECRET_LENGTH for t in texts(s)]
         found += [Text("injected", f, escaped="none") for f in extra_forms if len(f) >= MIN_SECRET_LENGTH]
         owners: dict[Anchor, int] = {}  # anchor → bitmask of the texts it anchors
         alphabet: set[int] = set()
         self._matchers: list[_Matcher] = []
         for text in dict.fromkeys(found):
+            yield
             matcher, text_anchors, text_alphabet = _matcher(text)
             for anchor in text_anchors:
                 owners[anchor] = owners.get(anchor, 0) | 1 << len(self._matchers)
             self._matchers.append(matcher)
             alphabet |= text_alphabet
+        yield
         self.texts = len(self._matchers)
-        self._any_prefix = re.compile(b"|".join(b"(?:" + m.prefix.pattern + b")" for m in self._matchers))
+        self._any_prefix = alternation([m.prefix_pieces for m in self._matchers])
+        yield
         self.longest = max((m.longest for m in self._matchers), default=0)
         self.alphabet = bytes(sorted(alphabet))  # every byte any occurrence can hold
         # 0 for alphabet bytes, 1 for the rest: one translate + rfind finds the last byte no
@@ -95,6 +127,7 @@ class Redactor:
         for family in FAMILIES:
             patterns = sorted(a for f, a in owners if f == family)
             for i in range(0, len(patterns), TEDDY_PATTERNS):
+                yield
                 group = patterns[i:i + TEDDY_PATTERNS]
                 automaton = BytesAhoCorasick(group, matchkind=MATCHKIND_LEFTMOST_FIRST)
                 masks = _with_hidden([owners[family, p] for p in group], group)
@@ -199,12 +232,16 @@ class Redactor:
 def _with_hidden(masks: list[int], patterns: list[bytes]) -> list[int]:
     """A leftmost-first search does not report an anchor that starts inside a reported one, so a
     hit must also stand for the texts of every anchor that could start inside it."""
+    starting: dict[int, list[int]] = {}  # first byte -> the patterns starting with it
+    for j, other in enumerate(patterns):
+        starting.setdefault(other[0], []).append(j)
     out = list(masks)
     for i, hit in enumerate(patterns):
-        for j, other in enumerate(patterns):
-            overlaps = any(other.startswith(hit[k:]) or hit[k:].startswith(other) for k in range(len(hit)))
-            if i != j and overlaps:
-                out[i] |= masks[j]
+        for k in range(len(hit)):
+            for j in starting.get(hit[k], ()):
+                other = patterns[j]
+                if i != j and (other.startswith(hit[k:]) or hit[k:].startswith(other)):
+                    out[i] |= masks[j]
     return out
 
 

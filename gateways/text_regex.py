@@ -20,6 +20,7 @@ from gateways.secret_forms import (
     Text,
     units_of,
 )
+from gateways.spliced_regex import Unique
 
 _GAP = rb"(?:[ \t\r\n]|\\[nrt]|%%0[aAdD9]|%%20){0,%d}" % FOLD_GAP
 _HEX_GAP = _GAP.replace(b"[ ", b"[: ", 1)  # hex also in colon-separated pairs (fingerprints)
@@ -33,11 +34,21 @@ ANY_PARTIAL = rb"(?:[\x80-\xff]{1,3}|[%&\\][#%0-9A-Za-z\\]{0,40})"
 class Compiled:
     """Regex sources and the facts the matcher needs about one text."""
 
-    full: bytes = field(repr=False)  # a whole occurrence
-    prefix: bytes = field(repr=False)  # a nonempty prefix of an occurrence up to the end of the data
+    # each regex as the pieces it concatenates (one per character: gateways/spliced_regex.py
+    # compiles a piece once, whichever secret it is part of)
+    full_pieces: tuple[bytes, ...] = field(repr=False)  # a whole occurrence
+    prefix_pieces: tuple[bytes, ...] = field(repr=False)  # a nonempty prefix up to the data's end
     anchors: frozenset[Anchor] = field(repr=False)  # every occurrence contains one of these
     alphabet: frozenset[int]  # every byte of every occurrence is one of these
     longest: int  # bytes in the longest possible occurrence
+
+    @property
+    def full(self) -> bytes:
+        return b"".join(self.full_pieces)
+
+    @property
+    def prefix(self) -> bytes:
+        return b"".join(self.prefix_pieces)
 
 
 class _Node:
@@ -95,7 +106,8 @@ def compile_text(text: Text) -> Compiled:
     optional = b""
     for whole, _ in reversed(tail_regexes):
         optional = b"(?:" + gap + whole + optional + b")?"
-    full = regexes[0][0] + b"".join(gap + whole for whole, _ in regexes[1:]) + optional
+    full = [regexes[0][0], *(piece for whole, _ in regexes[1:] for piece in (gap, whole) if piece)]
+    full += [Unique(optional)] if optional else []  # this secret's own: not worth caching
     # Flat, not nested (a long secret would nest too deep): each unit matches whole, or partly with
     # the data ending there. Past the first unit "partly" is any escape-like fragment: a superset,
     # which may hold back a few more bytes but never fewer. (A head is not held for: an occurrence
@@ -110,7 +122,7 @@ def compile_text(text: Text) -> Compiled:
                                  colons=text.name in ("hex", "HEX"))
     units = head + required + tail
     return Compiled(
-        full=full, prefix=b"".join(prefix) + b"\\Z", anchors=frozenset(anchors),
+        full_pieces=tuple(full), prefix_pieces=(*prefix, b"\\Z"), anchors=frozenset(anchors),
         alphabet=frozenset(b for a in alts for atom in a for b in atom[0]).union(
             _GAP_BYTES if text.fold else ()),
         longest=sum(max(sum(atom[2] for atom in a) for a in u.alternatives) for u in units)

@@ -3,8 +3,9 @@ refreshed ahead of expiry in the background, revoked when the run ends.
 
 The request path calls ``get``: a cached credential costs a dict lookup. The first request of a
 run waits for the issuance (one call per run however many requests arrive at once: they share
-it) and for the credential's redaction forms, which are built in a thread so the event loop keeps
-serving every other run. A refresh replaces the credential before it expires (``refresh_ahead``
+it) and for the credential's redaction forms (``forms``: built in steps on the event loop, which
+keeps serving every other run; the credential is handed out only once they are ready, so its
+first use is redacted). A refresh replaces the credential before it expires (``refresh_ahead``
 of its lifetime, at least ``MIN_AHEAD`` seconds); the value it replaces stays in the forms, so an
 echo of the old one is still redacted. ``end_run`` (a run ended or revoked: the revocation
 watcher calls it) revokes the run's credential; the background loop also reaps the credentials of
@@ -17,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -28,6 +29,7 @@ from contract.errors import Reason, TokenInvalid, ValetkeyError
 from contract.secret import Secret
 from contract.tasks import stop_task
 from gateways.sources.base import IssuedCredential, RunCredentialSource, unavailable
+from gateways.sources.issued import IssuedValues
 from gateways.sources.metrics import SourceMetrics
 
 log = logging.getLogger("valetkey.gateway")
@@ -57,8 +59,9 @@ def _grants(claims: AccessClaims) -> frozenset[tuple[str, tuple[tuple[str, str],
 
 class RunCredentials(Generic[F]):
     def __init__(self, source: RunCredentialSource, upstream: str, metrics: SourceMetrics,
-                 forms: Callable[[tuple[Secret, ...]], F], *, refresh_ahead: float = 0.25,
-                 tick: float = 1.0, clock: Callable[[], float] = time.time) -> None:
+                 forms: Callable[[tuple[Secret, ...]], Awaitable[F]], *, refresh_ahead: float = 0.25,
+                 tick: float = 1.0, clock: Callable[[], float] = time.time,
+                 issued: IssuedValues | None = None) -> None:
         self.source = source
         self._upstream = upstream
         self._metrics = metrics
@@ -66,6 +69,7 @@ class RunCredentials(Generic[F]):
         self._ahead = refresh_ahead
         self._tick = tick
         self._clock = clock
+        self._issued = issued  # what the passthrough scanner refuses (until revoked or expired)
         self._held: dict[str, Held[F]] = {}
         self._pending: dict[str, asyncio.Task[Held[F]]] = {}
         self._ended: dict[str, float] = {}  # run id -> when to forget it was ended
@@ -152,7 +156,9 @@ class RunCredentials(Generic[F]):
         except ValetkeyError as exc:
             self._count(self._metrics.issued, exc.code)
             raise
-        forms = await asyncio.to_thread(self._forms, (credential.value,))
+        if self._issued is not None:
+            self._issued.add(credential)
+        forms = await self._forms((credential.value,))
         held = Held(claims, credential, self._clock(), forms)
         self._metrics.issue_seconds.labels(self._upstream, kind).observe(time.perf_counter() - started)
         self._count(self._metrics.issued, "ok")
@@ -176,8 +182,10 @@ class RunCredentials(Generic[F]):
         except ValetkeyError as exc:
             self._count(self._metrics.refreshed, exc.code)
             raise
+        if self._issued is not None:
+            self._issued.add(new)
         values = (new.value,) if new.value == old.value else (new.value, old.value)
-        forms = held.forms if values == (old.value,) else await asyncio.to_thread(self._forms, values)
+        forms = held.forms if values == (old.value,) else await self._forms(values)
         fresh = Held(held.claims, new, self._clock(), forms)
         self._count(self._metrics.refreshed, "ok")
         self._event("credential_refreshed", key, new)
@@ -219,6 +227,8 @@ class RunCredentials(Generic[F]):
             return
         self._count(self._metrics.revoked, "ok")
         self._event("credential_revoked", key, credential)
+        if self._issued is not None:
+            self._issued.discard(credential)
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)

@@ -187,6 +187,35 @@ def test_curl_token_narrowed_at_the_upstream(demo: Demo) -> None:
     assert mine.token not in demo.app.tokens
 
 
+def test_each_replica_holds_its_own_token_and_run_end_revokes_all(demo: Demo) -> None:
+    """Two replicas of one upstream: each issues the run's installation token at run creation (a
+    token could be shared only through Redis, which holds no secret); a token one replica issued,
+    sent back through the other, is passthrough; run end revokes both at GitHub."""
+    stack = demo.stack
+    replica = stack.start_gateway("ghapp")
+    try:
+        issued, revoked = demo.app.issued, demo.app.revoked
+        bundle = stack.mint(_grants("ghapp", ("read_repo", BOUND)))
+        wait_for(lambda: demo.app.issued == issued + 2)  # one per replica, at run creation
+        tokens = [t.token for t in demo.app.tokens.values() if t.expires_at > 0][-2:]
+        credentials = stack.app("ghapp").gateway.credentials  # type: ignore[union-attr]
+        assert credentials is not None
+        wait_for(lambda: credentials.held(bundle["run_id"]) is not None)
+        held = credentials.held(bundle["run_id"])
+        assert held is not None
+        token = bundle["env"]["GHAPP_TOKEN"]
+        status, body, out = _curl(f"{replica.url}/repos/{DEMO_OWNER}/{DEMO_REPO}", token)
+        assert status == 200, out
+        status, body, out = _curl(f"{replica.url}/repos/{DEMO_OWNER}/{DEMO_REPO}", token,
+                                  "-H", f"X-Note: {held.credential.value.reveal()}")
+        assert (status, body.get("error")) == (403, "credential_passthrough"), out
+        stack.end(bundle["run_id"])
+        wait_for(lambda: demo.app.revoked == revoked + 2)
+        assert not set(tokens) & set(demo.app.tokens)
+    finally:
+        replica.stop()
+
+
 def test_source_down_is_503_and_other_upstreams_work(demo: Demo) -> None:
     stack = demo.stack
     bundle = stack.mint([*_grants("ghdown", ("read_repo", BOUND)), *_grants("ghapp", ("read_repo", BOUND))])

@@ -8,17 +8,25 @@ request retried.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import secrets
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 import yaml
 from starlette.datastructures import Headers
 
+from contract.secret import Secret
+from gateways.gateway import Gateway
+from gateways.sources.base import IssuedCredential
+from gateways.sources.issued import IssuedValues
 from tests.e2e.conftest import run_client, sandbox_env
 from tests.support.servers import ThreadedServer
 from tests.support.source_stack import SourceStack, runtime_yaml, source_stack, wait_for
@@ -29,8 +37,8 @@ from valetkey.dev.demo.openai_like import OpenAILike
 from valetkey.dev.services import RedisServer
 
 CLIENT = Path(__file__).parent / "clients" / "openai_refresh.py"
-LIFETIME = 10  # seconds an access token lives: refreshed 5 s ahead (a new value's forms take seconds
-# to build on a loaded 2-core box, docs/benchmarks.md#run-scoped-credentials)
+LIFETIME = 10  # seconds an access token lives: refreshed 5 s ahead (a new value's forms build in
+# tens of ms, docs/benchmarks.md#run-scoped-credentials; the margin is for a loaded 2-core box)
 CLIENT_PATH, GRANT_PATH = "valetkey/oauth/demo", "valetkey/oauth/demo-grant"
 
 
@@ -180,3 +188,79 @@ def test_a_refused_post_is_not_sent_again_but_the_next_request_works(demo: Demo)
     assert sum(1 for s in demo.api.seen if s.method == "POST") == posts + 1
     wait_for(lambda: credentials.held(bundle["run_id"]) is not held)
     assert httpx.post(url, headers=headers, json=body, timeout=10).status_code == 200
+
+
+def _publish(redis_url: str, value: str, *, revoke: bool = False) -> None:
+    """What the Postgres gateway's lease cache does when Vault issues (or it revokes) a password."""
+
+    async def publish() -> None:
+        client = aioredis.from_url(redis_url)
+        issued = IssuedValues(client)
+        credential = IssuedCredential(Secret(value), "database_password", "database/creds/ro/x",
+                                      time.time() + 300)
+        issued.add(credential)
+        if revoke:
+            issued.discard(credential)
+        await issued.stop()
+        await client.aclose()
+
+    asyncio.run(publish())
+
+
+def _refused(gateway: Gateway, value: str) -> bool:
+    return gateway.scanner().find(value.encode()) is not None
+
+
+def _send(stack: SourceStack, upstream: str, where: str, value: str) -> tuple[httpx.Response, str]:
+    bundle = stack.mint([{"upstream": upstream, "purpose": p, "params": {}} for p in PURPOSES])
+    headers = {"authorization": f"Bearer {bundle['env'][f'{upstream.upper()}_TOKEN']}"}
+    base, run = stack.url(upstream), bundle["run_id"]
+    if where == "header":
+        return httpx.get(f"{base}/v1/models", headers={**headers, "x-note": value}, timeout=10), run
+    if where == "query":
+        return httpx.get(f"{base}/v1/models", params={"q": value}, headers=headers, timeout=10), run
+    body = {"model": "gpt-demo", "messages": [{"role": "user", "content": f"use {value} please"}]}
+    return httpx.post(f"{base}/v1/chat/completions", headers=headers, json=body, timeout=10), run
+
+
+@pytest.mark.parametrize(("whose", "sent_to", "where"), [
+    pytest.param("oaicc", "oaicc", "header", id="own-token-in-a-header"),
+    pytest.param("oaicc", "oaicc", "query", id="own-token-in-the-query"),
+    pytest.param("oaicc", "oaicc", "json", id="own-token-in-a-json-body"),
+    pytest.param("oaicc", "oairt", "header", id="another-gateways-token"),
+    pytest.param("oairt", "oaicc", "json", id="another-gateways-token-in-json"),
+    pytest.param("database", "oaicc", "query", id="a-database-password"),
+    pytest.param("database", "oairt", "json", id="a-database-password-in-json"),
+])
+def test_an_issued_credential_sent_back_is_passthrough(demo: Demo, whose: str, sent_to: str,
+                                                       where: str) -> None:
+    """Refused 403 credential_passthrough (pattern issued_credential) at the gateway that issued
+    it (its values), at another (the digests every replica publishes), and for a database
+    password the Postgres gateway published; a revoked one is forgotten."""
+    stack = demo.stack
+    receiver = stack.app(sent_to).gateway
+    assert receiver is not None
+    if whose == "database":
+        value = "A1a-" + secrets.token_urlsafe(16)  # Vault's default password shape
+        _publish(stack.redis_url, value)
+    else:
+        demo.provider.expires_in = 60
+        bundle = stack.mint([{"upstream": whose, "purpose": "list_models", "params": {}}])
+        headers = {"authorization": f"Bearer {bundle['env'][f'{whose.upper()}_TOKEN']}"}
+        assert httpx.get(f"{stack.url(whose)}/v1/models", headers=headers, timeout=10).status_code == 200
+        issuer = stack.app(whose).gateway
+        assert issuer is not None
+        assert issuer.credentials is not None
+        held = issuer.credentials.held(bundle["run_id"])
+        assert held is not None
+        value = held.credential.value.reveal()
+    wait_for(lambda: _refused(receiver, value), timeout=5)  # another replica: within one tick
+    response, run = _send(stack, sent_to, where, value)
+    assert (response.status_code, response.json()["error"]) == (403, "credential_passthrough")
+    assert value not in response.text
+    lines = stack.audit(run)
+    assert [line["reason"] for line in lines] == ["credential_passthrough"]
+    assert value not in json.dumps(lines)
+    if whose == "database":
+        _publish(stack.redis_url, value, revoke=True)
+        wait_for(lambda: not _refused(receiver, value), timeout=5)

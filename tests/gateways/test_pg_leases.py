@@ -14,9 +14,12 @@ from pathlib import Path
 import hvac
 import psycopg
 import pytest
+import redis
 
+from gateways.sources.issued import KEY, _digest
 from tests.support.certs import make_ca, make_leaf
 from tests.support.pg_stack import PgStack
+from tests.support.source_stack import wait_for
 from valetkey.dev.services import free_port
 
 
@@ -45,8 +48,8 @@ def test_the_lease_is_renewed_and_moves_the_users_expiry(pg_stack: PgStack) -> N
 
 
 def test_one_lease_per_run_shared_by_its_sessions(pg_stack: PgStack) -> None:
+    issued = _issued(pg_stack)  # read first: the lease may be issued at run creation (prewarm)
     bundle = pg_stack.mint("appdb", "read")
-    issued = _issued(pg_stack)
     users = set()
     for _ in range(3):
         with psycopg.connect(pg_stack.dsn(bundle)) as conn:
@@ -157,3 +160,53 @@ def test_a_stopping_gateway_revokes_what_it_holds(pg_stack: PgStack) -> None:
     assert held.credential.username in pg_stack.database_users()
     pg_stack.loop.run(gateway.stop())
     assert held.credential.username not in pg_stack.database_users()
+
+
+def _published(stack: PgStack, password: str) -> bool:
+    client = redis.Redis.from_url(stack.redis_url)
+    try:
+        return client.zscore(KEY, _digest(password.encode())) is not None
+    finally:
+        client.close()
+
+
+def test_the_lease_is_issued_at_run_creation_and_its_password_published(pg_stack: PgStack) -> None:
+    """Prewarm: the run's lease exists before its first session, which then costs no Vault call;
+    its password's digest is published (HTTP gateways refuse it as passthrough) until run end."""
+    gateway = pg_stack.gateways["appdb"]
+    issued = _issued(pg_stack)
+    bundle = pg_stack.mint("appdb", "read")
+    wait_for(lambda: gateway.leases.held(bundle["run_id"]) is not None)
+    held = gateway.leases.held(bundle["run_id"])
+    assert held is not None
+    assert _issued(pg_stack) == issued + 1
+    with psycopg.connect(pg_stack.dsn(bundle)) as conn:
+        row = conn.execute("SELECT current_user").fetchone()
+    assert row == (held.credential.username,)
+    assert _issued(pg_stack) == issued + 1  # the session used the prewarmed lease
+    password = held.credential.value.reveal()
+    assert _published(pg_stack, password)
+    pg_stack.end(bundle["run_id"])
+    wait_for(lambda: not _published(pg_stack, password))
+    assert held.credential.username not in pg_stack.database_users()
+
+
+def test_each_replica_holds_its_own_lease_and_run_end_revokes_all(pg_stack: PgStack) -> None:
+    """Two replicas of one upstream: a lease each for the run (a lease's password lives only in
+    Vault and the process that holds it, never in Redis); run end revokes both."""
+    port = free_port()
+    other = pg_stack.start_gateway("appdb", register=False, VALETKEY_LISTEN=f"127.0.0.1:{port}")
+    try:
+        bundle = pg_stack.mint("appdb", "read")
+        users = set()
+        for dsn in (pg_stack.dsn(bundle), pg_stack.dsn(bundle, port=str(port))):
+            with psycopg.connect(dsn) as conn:
+                row = conn.execute("SELECT current_user").fetchone()
+                assert row is not None
+                users.add(row[0])
+        assert len(users) == 2
+        assert users <= set(pg_stack.database_users())
+        pg_stack.end(bundle["run_id"])
+        wait_for(lambda: not users & set(pg_stack.database_users()))
+    finally:
+        pg_stack.loop.run(other.stop())

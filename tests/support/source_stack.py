@@ -45,6 +45,15 @@ class SourceStack:
     broker_url: str
     redis_url: str
     gateways: dict[str, ThreadedServer] = field(default_factory=dict)
+    gateway_env: dict[str, str] = field(default_factory=dict)
+
+    def start_gateway(self, name: str, port: int | None = None) -> ThreadedServer:
+        """A gateway for upstream ``name`` (another replica when one runs already)."""
+        env = {"VAULT_ADDR": self.vault.addr, "VAULT_TOKEN": self.vault.gateway_token(name),
+               "VALETKEY_REDIS_URL": self.redis_url, "VALETKEY_BROKER_URL": self.broker_url,
+               "VALETKEY_ISSUER": self.broker_url, "VALETKEY_READ_TIMEOUT": "20s", **self.gateway_env}
+        app = GatewayApp(GatewaySettings.from_env(name, env), self.policies.upstreams[name])
+        return ThreadedServer(app, port=port or free_port(), http=GatewayProtocol).start()
 
     def url(self, name: str) -> str:
         return self.gateways[name].url
@@ -101,15 +110,11 @@ def source_stack(policy_dir: Path, redis: RedisServer, prepare: Callable[[DevVau
             "VALETKEY_GATEWAY_URLS": ",".join(f"{n}=http://127.0.0.1:{p}" for n, p in ports.items()),
         })
         broker = ThreadedServer(create_app(settings, policies), port=broker_port)
-        stack = SourceStack(vault, policies, broker_url, redis.url)
+        stack = SourceStack(vault, policies, broker_url, redis.url, gateway_env=dict(gateway_env or {}))
         try:
             broker.start()
             for name in policies.upstreams:
-                env = {"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.gateway_token(name),
-                       "VALETKEY_REDIS_URL": redis.url, "VALETKEY_BROKER_URL": broker_url,
-                       "VALETKEY_ISSUER": broker_url, "VALETKEY_READ_TIMEOUT": "20s", **(gateway_env or {})}
-                app = GatewayApp(GatewaySettings.from_env(name, env), policies.upstreams[name])
-                stack.gateways[name] = ThreadedServer(app, port=ports[name], http=GatewayProtocol).start()
+                stack.gateways[name] = stack.start_gateway(name, ports[name])
             yield stack
         finally:
             for gateway in stack.gateways.values():
