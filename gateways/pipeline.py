@@ -1,8 +1,8 @@
 """The gateway's request pipeline: one ordered list of small named steps, read top to bottom.
 
     check_request → refuse_passthrough → authenticate → authorize → refuse_enterprise_denied
-    → refuse_credential_fields → hold_run_slot → charge_budget → read_body → hold_for_approval
-    → inject_secret → dial_and_stream
+    → refuse_credential_fields → hold_run_slot → charge_budget → read_body → refuse_run_tokens
+    → hold_for_approval → inject_secret → dial_and_stream
     (audit always, in ``handle``)
 
 Each step reads and may fill fields of the ``Exchange``; a refusal is a ``ValetkeyError`` whose
@@ -38,6 +38,7 @@ from gateways.credentials import extract_placeholder, forwarded_headers, inject
 from gateways.exchange import Exchange
 from gateways.fields import FieldRules, find_in_body, find_in_query
 from gateways.paths import canonical_path
+from gateways.run_tokens import refuse_run_tokens
 from gateways.streaming import exchange
 from policies.model import Placement
 
@@ -279,6 +280,7 @@ STEPS: tuple[Callable[[Gateway, Exchange], Awaitable[None]], ...] = (
     hold_run_slot,
     charge_budget,
     read_body,
+    refuse_run_tokens,
     hold_for_approval,
     inject_secret,
     dial_and_stream,

@@ -3,15 +3,15 @@
     UPSTREAM_STEPS     (a credentialed upstream's host)
         (gateways.pipeline.STEPS with the tunnel's steps put in; see ``_derived``)
         check_request → check_tunnel → refuse_passthrough → authenticate → same_run → authorize
-        → refuse_credential_fields → hold_run_slot → charge_budget → read_body → inject_secret
-        → dial_and_stream
+        → refuse_credential_fields → hold_run_slot → charge_budget → read_body → refuse_run_tokens
+        → hold_for_approval → inject_secret → dial_and_stream
     DESTINATION_STEPS  (a destination's host, terminated or plain http)
         check_request → check_tunnel → refuse_passthrough → authenticate_tunnel → authorize
-        → refuse_credential_fields → hold_run_slot → charge_budget → read_body
-        → strip_credentials → dial_and_stream
+        → refuse_credential_fields → hold_run_slot → charge_budget → read_body → refuse_run_tokens
+        → hold_for_approval → strip_credentials → dial_and_stream
     UNLISTED_STEPS     (a host no destination names, that the run's runtime may ask about)
         check_request → check_tunnel → refuse_passthrough → authenticate_tunnel
-        → authorize_unlisted → … → read_body → refuse_run_token → hold_for_approval
+        → authorize_unlisted → … → read_body → refuse_run_token → refuse_run_tokens → hold_for_approval
         → strip_credentials → resolve_unlisted → dial_and_stream
 
 ``check_tunnel`` holds every request to its tunnel: ``Host`` names the CONNECT host, and the run's

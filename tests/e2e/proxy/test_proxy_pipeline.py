@@ -81,6 +81,27 @@ def test_echo_redacted(stack: ProxyStack, tmp_path: Path) -> None:
     assert stack.upstreams["github"].app.seen[-1].header("authorization") == [f"Bearer {secret}"]
 
 
+@pytest.mark.parametrize(("where", "code"), [
+    pytest.param("query", "query:t", id="placeholder-in-query"),
+    pytest.param("header", "header:x-trace", id="placeholder-in-kept-header"),
+    pytest.param("proxy-token", "query:t", id="proxy-credential-in-query"),
+])
+def test_run_token_never_reaches_a_destination(stack: ProxyStack, tmp_path: Path, where: str, code: str) -> None:
+    """A run token anywhere that would leave for a destination is refused, no dial."""
+    bundle, box = sandbox_for(stack, tmp_path, "github", "pypi")
+    token = (box.env["HTTPS_PROXY"].removeprefix("http://run:").rsplit("@", 1)[0] if where == "proxy-token"
+             else bundle["env"]["GITHUB_TOKEN"])
+    index = stack.upstreams["pypi"]
+    before = len(index.app.seen)
+    with client(box) as http:
+        response = http.get(f"https://pypi.org/simple/{PROJECT}/", params={"t": token} if where != "header" else {},
+                            headers={"X-Trace": token} if where == "header" else {})
+    assert (response.status_code, reason(response)) == (403, "credential_passthrough"), response.text[:500]
+    assert index.app.seen[before:] == []
+    line = stack.request_line(response.headers.get("x-valetkey-request-id"))
+    assert (line.get("passthrough"), line.get("run")) == (code, bundle["run_id"])
+
+
 def test_destination_gets_no_credential(stack: ProxyStack, tmp_path: Path) -> None:
     """A placeholder sent to a plain destination is stripped, never forwarded (nor a secret)."""
     bundle, box = sandbox_for(stack, tmp_path, "github", "pypi")
