@@ -1,0 +1,192 @@
+"""valetkey on a Redis Cluster by URL alone (``redis+cluster://``): two brokers and two gateway
+replicas over a real cluster of three masters with a replica each. Everything works (runs,
+revocations and their pub/sub, budgets, the audit stream, approvals); then the master serving the
+revocation state is killed under traffic and its replica promoted: nothing is allowed on stale
+revocation state, service resumes without restarts, revocations and budgets stay consistent, and
+every audit line reaches the stream. The Sentinel test's helpers and checks, on a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import redis
+
+from contract import keys
+from contract.redis_url import sync_client
+from tests.gateways.test_approvals import decide, pending_of, send
+from tests.ha.test_sentinel_failover import DURING_FAILOVER, MAX_STALE
+from tests.support.gateway_stack import Stack
+from tests.support.ha_stack import PATH, HAStack, Traffic, call
+from tests.support.servers import ThreadedServer
+from valetkey.dev.cluster import ClusterTopology
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def ha(gateway_stack: Stack) -> Iterator[HAStack]:
+    with ClusterTopology() as topology:
+        stack = HAStack(gateway_stack, topology.url)
+        stack.topology = topology  # type: ignore[attr-defined]
+        try:
+            stack.start_broker()
+            stack.start_broker()
+            stack.start_gateway(VALETKEY_REVOCATION_MAX_STALE=MAX_STALE)
+            stack.start_gateway(VALETKEY_REVOCATION_MAX_STALE=MAX_STALE)
+            yield stack
+        finally:
+            stack.close()
+
+
+def audit_lines(client: redis.Redis) -> int:
+    """Request lines in the audit stream (the stream is one key: one node of the cluster)."""
+    return sum(1 for _, f in client.xrange(keys.AUDIT_STREAM)
+               if f.get(b"kind") == b"request" and "decision" in json.loads(f[b"line"]))
+
+
+def wait_audit(client: redis.Redis, sent: int, timeout: float = 15.0) -> int:
+    deadline = time.monotonic() + timeout
+    while (found := audit_lines(client)) < sent and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return found
+
+
+class Calls:
+    """``call`` that counts what it sends (each answered request is one audit line)."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+    def __call__(self, gateway: ThreadedServer, token: str, path: str = PATH) -> tuple[int, str]:
+        answer = call(gateway, token, path)
+        self.sent += answer[0] != 0
+        return answer
+
+
+def until(check: object, timeout: float = 5.0) -> float:
+    """Seconds until ``check()`` holds (AssertionError past ``timeout``)."""
+    start = time.monotonic()
+    while not (callable(check) and check()):
+        assert time.monotonic() - start < timeout, "not within the bound"
+        time.sleep(0.01)
+    return time.monotonic() - start
+
+
+def test_whole_stack_works_on_a_cluster(ha: HAStack) -> None:
+    topology: ClusterTopology = ha.topology  # type: ignore[attr-defined]
+    client = sync_client(topology.url)
+    call = Calls()
+    try:
+        run, token = ha.mint(["read_items", "limited"], broker=1)
+        answers = [call(gateway, token) for gateway in ha.gateways]
+        assert answers == [(200, ""), (200, "")]
+
+        # revocation: written by one broker, heard by both replicas over the cluster bus
+        doomed_run, doomed = ha.mint(["read_items"])
+        assert [call(g, doomed) for g in ha.gateways] == [(200, ""), (200, "")]
+        assert ha.revoke("run", doomed_run, broker=1).status_code == 201
+        took = until(lambda: all(call(g, doomed) == (401, "token_revoked") for g in ha.gateways))
+        # budgets: the run's 5 per minute, shared by both replicas
+        limited = [call(ha.gateways[i % 2], token, "/v1/limited") for i in range(6)]
+        assert [s for s, _ in limited] == [200] * 5 + [429]
+        assert limited[-1][1] == "budget_exceeded"
+
+        # a block: minted by neither broker while it stands, lifted by one (tokens
+        # issued before it stay refused after the lift)
+        assert ha.revoke("runtime", "tester").status_code == 201
+        refused = ha.post_mint(["read_items"], broker=1)
+        assert (refused.status_code, refused.json()["error"]) == (403, "revoked")
+        assert ha.lift("runtime", "tester").status_code == 200
+        assert ha.post_mint(["read_items"], broker=1).status_code == 201
+
+        # the state is spread over the masters, each atomic group in its own slot
+        revocations = topology.master_of(keys.REVOCATIONS)
+        assert revocations is topology.master_of(keys.GENERATION)
+        assert client.hexists(keys.REVOCATIONS, f"run:{doomed_run}")
+        holding = []
+        for master in topology.masters:
+            with master.client() as node:
+                holding += [master] if node.dbsize() > 0 else []
+        assert len(holding) >= 2, "the cluster's keys all landed on one master"
+
+        assert wait_audit(client, call.sent) == call.sent
+        print(f"cluster: revocation reached both replicas in {took * 1000:.0f} ms (polled); "
+              f"keys on {len(holding)} of {len(topology.masters)} masters; run {run}")
+    finally:
+        client.close()
+
+
+def test_approvals_on_a_cluster(ha: HAStack) -> None:
+    admin = ha.base.vault.admin_token
+    run, token = ha.mint(["publish"])
+    denied_run, denied_token = ha.mint(["publish"], broker=1)
+    with ThreadPoolExecutor(4) as pool:
+        held = send(pool, ha.gateways[0].url, token)
+        refused = send(pool, ha.gateways[1].url, denied_token)
+        (approval,) = pending_of(ha.brokers[1].url, admin, run)
+        (other,) = pending_of(ha.brokers[0].url, admin, denied_run)
+        assert decide(ha.brokers[0].url, admin, approval, "approve", digest=approval["digest"]).status_code == 200
+        assert decide(ha.brokers[1].url, admin, other, "deny").status_code == 200
+        answer, no = held.result(timeout=15), refused.result(timeout=15)
+    assert answer.status_code == 200, answer.text
+    assert (no.status_code, no.json()["error"]) == (403, "approval_denied")
+    again = decide(ha.brokers[1].url, admin, approval, "approve", digest=approval["digest"])
+    assert (again.status_code, again.json()["error"]) == (409, "approval_not_pending")
+
+
+def test_master_killed_under_traffic(ha: HAStack) -> None:
+    topology: ClusterTopology = ha.topology  # type: ignore[attr-defined]
+    _, live = ha.mint(["read_items", "limited"])
+    dead_run, dead = ha.mint(["read_items"], broker=1)
+    assert ha.revoke("run", dead_run).status_code == 201
+    call = Calls()
+    for gateway in ha.gateways:
+        assert call(gateway, live, "/v1/limited") == (200, "")  # 2 of the run's 5 per minute
+    client = sync_client(topology.url)
+    try:
+        for master in topology.masters:  # what was written so far is on the replicas
+            with master.client(timeout=3.0) as node:
+                node.execute_command("WAIT", 1, 2000)
+        with Traffic(ha, {"live": live, "dead": dead}) as traffic:
+            time.sleep(0.5)
+            old = topology.master_of(keys.REVOCATIONS)
+            killed_at = time.monotonic()
+            topology.kill(old)
+            new = topology.wait_promoted(keys.REVOCATIONS, old)
+            promoted_at = time.monotonic()
+            resumed_at = traffic.wait_for("live", 200, promoted_at)
+            time.sleep(0.5)
+        during = [a for a in traffic.of("live", killed_at) if a.at <= resumed_at]
+        assert {(a.status, a.reason) for a in traffic.of("live", killed_at)} <= DURING_FAILOVER
+        assert {(a.status, a.reason) for a in traffic.of("dead")} <= {
+            (401, "token_revoked"), (503, "revocation_state_stale")}
+        refused = [a for a in during if a.status != 200]
+        assert refused, "no request was refused while the revocation slot had no master"
+        for index in range(2):
+            mine = [a for a in during if a.gateway == index]
+            first = next((a.at for a in mine if a.status == 503), None)
+            assert first is None or all(a.at >= promoted_at - 1.0 for a in mine
+                                        if a.status == 200 and a.at > first)
+
+        # revocations work on the promoted replica and reach both gateways
+        fresh_run, fresh = ha.mint(["read_items"], broker=1)
+        assert ha.revoke("run", fresh_run).status_code == 201
+        until(lambda: all(call(g, fresh) == (401, "token_revoked") for g in ha.gateways))
+        # budgets: two charges before the kill survive; three remain across both replicas
+        limited = [call(ha.gateways[i % 2], live, "/v1/limited") for i in range(5)]
+        assert [s for s, _ in limited] == [200, 200, 200, 429, 429]
+
+        sent = call.sent + sum(1 for a in traffic.answers if a.status != 0)
+        in_stream = wait_audit(client, sent)
+        assert in_stream == sent
+        print(f"cluster failover: master :{old.port} -> :{new.port}; promoted {promoted_at - killed_at:.1f}s "
+              f"after the kill, traffic resumed {resumed_at - killed_at:.1f}s after; {len(refused)} of "
+              f"{len(during)} requests refused meanwhile ({sorted({a.reason for a in refused})}); "
+              f"{sent} audit lines sent, {in_stream} in the stream")
+    finally:
+        client.close()
