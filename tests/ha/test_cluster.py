@@ -8,20 +8,17 @@ every audit line reaches the stream. The Sentinel test's helpers and checks, on 
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import redis
 
 from contract import keys
 from contract.redis_url import sync_client
 from tests.gateways.test_approvals import decide, pending_of, send
-from tests.ha.test_sentinel_failover import DURING_FAILOVER, MAX_STALE
 from tests.support.gateway_stack import Stack
-from tests.support.ha_stack import PATH, HAStack, Traffic, call
+from tests.support.ha_stack import PATH, HAStack, call, fail_over, two_of_each, wait_audit
 from tests.support.servers import ThreadedServer
 from valetkey.dev.cluster import ClusterTopology
 
@@ -30,30 +27,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def ha(gateway_stack: Stack) -> Iterator[HAStack]:
-    with ClusterTopology() as topology:
-        stack = HAStack(gateway_stack, topology.url)
-        stack.topology = topology  # type: ignore[attr-defined]
-        try:
-            stack.start_broker()
-            stack.start_broker()
-            stack.start_gateway(VALETKEY_REVOCATION_MAX_STALE=MAX_STALE)
-            stack.start_gateway(VALETKEY_REVOCATION_MAX_STALE=MAX_STALE)
-            yield stack
-        finally:
-            stack.close()
-
-
-def audit_lines(client: redis.Redis) -> int:
-    """Request lines in the audit stream (the stream is one key: one node of the cluster)."""
-    return sum(1 for _, f in client.xrange(keys.AUDIT_STREAM)
-               if f.get(b"kind") == b"request" and "decision" in json.loads(f[b"line"]))
-
-
-def wait_audit(client: redis.Redis, sent: int, timeout: float = 15.0) -> int:
-    deadline = time.monotonic() + timeout
-    while (found := audit_lines(client)) < sent and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return found
+    with ClusterTopology() as topology, two_of_each(gateway_stack, topology) as stack:
+        yield stack
 
 
 class Calls:
@@ -78,7 +53,7 @@ def until(check: object, timeout: float = 5.0) -> float:
 
 
 def test_whole_stack_works_on_a_cluster(ha: HAStack) -> None:
-    topology: ClusterTopology = ha.topology  # type: ignore[attr-defined]
+    topology: ClusterTopology = ha.topology
     client = sync_client(topology.url)
     call = Calls()
     try:
@@ -140,7 +115,7 @@ def test_approvals_on_a_cluster(ha: HAStack) -> None:
 
 
 def test_master_killed_under_traffic(ha: HAStack) -> None:
-    topology: ClusterTopology = ha.topology  # type: ignore[attr-defined]
+    topology: ClusterTopology = ha.topology
     _, live = ha.mint(["read_items", "limited"])
     dead_run, dead = ha.mint(["read_items"], broker=1)
     assert ha.revoke("run", dead_run).status_code == 201
@@ -152,26 +127,8 @@ def test_master_killed_under_traffic(ha: HAStack) -> None:
         for master in topology.masters:  # what was written so far is on the replicas
             with master.client(timeout=3.0) as node:
                 node.execute_command("WAIT", 1, 2000)
-        with Traffic(ha, {"live": live, "dead": dead}) as traffic:
-            time.sleep(0.5)
-            old = topology.master_of(keys.REVOCATIONS)
-            killed_at = time.monotonic()
-            topology.kill(old)
-            new = topology.wait_promoted(keys.REVOCATIONS, old)
-            promoted_at = time.monotonic()
-            resumed_at = traffic.wait_for("live", 200, promoted_at)
-            time.sleep(0.5)
-        during = [a for a in traffic.of("live", killed_at) if a.at <= resumed_at]
-        assert {(a.status, a.reason) for a in traffic.of("live", killed_at)} <= DURING_FAILOVER
-        assert {(a.status, a.reason) for a in traffic.of("dead")} <= {
-            (401, "token_revoked"), (503, "revocation_state_stale")}
-        refused = [a for a in during if a.status != 200]
-        assert refused, "no request was refused while the revocation slot had no master"
-        for index in range(2):
-            mine = [a for a in during if a.gateway == index]
-            first = next((a.at for a in mine if a.status == 503), None)
-            assert first is None or all(a.at >= promoted_at - 1.0 for a in mine
-                                        if a.status == 200 and a.at > first)
+        failover = fail_over(ha, live, dead, lambda: topology.kill_master_of(keys.REVOCATIONS),
+                             lambda old: topology.wait_promoted(keys.REVOCATIONS, old))
 
         # revocations work on the promoted replica and reach both gateways
         fresh_run, fresh = ha.mint(["read_items"], broker=1)
@@ -181,12 +138,9 @@ def test_master_killed_under_traffic(ha: HAStack) -> None:
         limited = [call(ha.gateways[i % 2], live, "/v1/limited") for i in range(5)]
         assert [s for s, _ in limited] == [200, 200, 200, 429, 429]
 
-        sent = call.sent + sum(1 for a in traffic.answers if a.status != 0)
+        sent = call.sent + sum(1 for a in failover.traffic.answers if a.status != 0)
         in_stream = wait_audit(client, sent)
         assert in_stream == sent
-        print(f"cluster failover: master :{old.port} -> :{new.port}; promoted {promoted_at - killed_at:.1f}s "
-              f"after the kill, traffic resumed {resumed_at - killed_at:.1f}s after; {len(refused)} of "
-              f"{len(during)} requests refused meanwhile ({sorted({a.reason for a in refused})}); "
-              f"{sent} audit lines sent, {in_stream} in the stream")
+        print(f"cluster failover: {failover.summary()}; {sent} audit lines sent, {in_stream} in the stream")
     finally:
         client.close()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import random
 import socket
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import redis
 
 from contract.errors import Reason, ServiceError
 from valetkey.dev.sentinel import DataNode
-from valetkey.dev.services import LOOPBACK
+from valetkey.dev.services import LOOPBACK, LocalService, Topology
 
 SLOTS = 16384
 NODE_TIMEOUT_MS = 1000
@@ -44,6 +43,9 @@ def free_cluster_port() -> int:
 class ClusterNode(DataNode):
     """One cluster node; which one is a master is decided when the cluster is formed."""
 
+    def __repr__(self) -> str:
+        return f"ClusterNode(port={self.port}, running={self.running})"
+
     def __init__(self) -> None:
         super().__init__()
         self.port = free_cluster_port()
@@ -65,7 +67,7 @@ class ClusterNode(DataNode):
             return str(client.execute_command("CLUSTER", "MYID").decode())
 
 
-class ClusterTopology:
+class ClusterTopology(Topology):
     def __init__(self, masters: int = 3, replicas: bool = True) -> None:
         self.masters: list[ClusterNode] = [ClusterNode() for _ in range(masters)]
         self.replicas: list[ClusterNode] = [ClusterNode() for _ in range(masters)] if replicas else []
@@ -73,6 +75,9 @@ class ClusterTopology:
     @property
     def nodes(self) -> list[ClusterNode]:
         return [*self.masters, *self.replicas]
+
+    def services(self) -> list[LocalService]:
+        return list(self.nodes)
 
     @property
     def url(self) -> str:
@@ -103,16 +108,6 @@ class ClusterTopology:
             raise
         return self
 
-    def close(self) -> None:
-        for node in self.nodes:
-            node.close()
-
-    def __enter__(self) -> ClusterTopology:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def healthy(self) -> bool:
         """Every running node says ``cluster_state:ok`` and every replica is in sync."""
         for node in self.nodes:
@@ -139,8 +134,11 @@ class ClusterTopology:
                         return next(n for n in self.nodes if n.port == port)
         raise ServiceError("no running cluster node answers", Reason.REDIS_UNAVAILABLE)
 
-    def kill(self, node: ClusterNode) -> None:
+    def kill_master_of(self, key: str) -> ClusterNode:
+        """SIGKILL the master serving ``key`` (no shutdown, no save); returns it."""
+        node = self.master_of(key)
         node.kill()
+        return node
 
     def wait_promoted(self, key: str, old: ClusterNode, timeout: float = 30.0) -> ClusterNode:
         """Wait until ``key``'s slot is served by a node other than ``old`` (its replica)."""
@@ -157,15 +155,5 @@ class ClusterTopology:
         with node.client() as client:
             return len(client.execute_command("CLUSTER", "NODES").decode().strip().splitlines())
 
-    @staticmethod
-    def _wait(ready: Callable[[], bool], what: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if ready():
-                    return
-            except (redis.RedisError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                raise ServiceError(f"timed out waiting for {what}", Reason.REDIS_UNAVAILABLE)
-            time.sleep(0.1)
+    def _wait(self, ready: Callable[[], bool], what: str, timeout: float) -> None:
+        self.wait(ready, what, timeout, Reason.REDIS_UNAVAILABLE, (redis.RedisError, OSError))
