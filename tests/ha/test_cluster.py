@@ -8,19 +8,23 @@ every audit line reaches the stream. The Sentinel test's helpers and checks, on 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from contract import keys
+from contract import generation, keys, redis_url
+from contract.errors import Unavailable
 from contract.redis_url import sync_client
+from contract.revocations import RevocationStore, Scope, new_revocation
+from gateways.revocation_watcher import RevocationWatcher
 from tests.gateways.test_approvals import decide, pending_of, send
 from tests.support.gateway_stack import Stack
 from tests.support.ha_stack import PATH, HAStack, call, fail_over, two_of_each, wait_audit
 from tests.support.servers import ThreadedServer
-from valetkey.dev.cluster import ClusterTopology
+from valetkey.dev.cluster import ClusterNode, ClusterTopology
 
 pytestmark = pytest.mark.slow
 
@@ -144,3 +148,60 @@ def test_master_killed_under_traffic(ha: HAStack) -> None:
         print(f"cluster failover: {failover.summary()}; {sent} audit lines sent, {in_stream} in the stream")
     finally:
         client.close()
+
+
+def subscribed(topology: ClusterTopology) -> list[ClusterNode]:
+    """The running nodes holding a subscription to the revocation channel (``PUBSUB NUMSUB`` is
+    per node on a cluster)."""
+    found = []
+    for node in topology.nodes:
+        if node.running:
+            with node.client() as client:
+                if client.execute_command("PUBSUB", "NUMSUB", keys.REVOCATION_CHANNEL)[1]:
+                    found.append(node)
+    return found
+
+
+def test_a_watcher_whose_node_dies_resubscribes_elsewhere_and_rereads() -> None:
+    """The node a gateway's subscription is on is killed (a replica or a master, whichever it
+    was): the watcher reconnects to another node, reloads the hash (a revocation written while it
+    was away is there) and hears the next one over the bus."""
+
+    async def scenario(topology: ClusterTopology) -> None:
+        client = redis_url.async_client(topology.url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        watcher = RevocationWatcher(client, max_stale=1.0, heartbeat=0.2, require_generation=True)
+        store = RevocationStore(client)
+        try:
+            await generation.establish(client)
+            await watcher.start()
+            (node,) = subscribed(topology)
+            node.kill()
+            killed = time.monotonic()
+            away = new_revocation(Scope.RUN, "run_while_away", "test", "written while the node was dead")
+            while True:  # the node may have been the revocations' master: retry until promoted
+                try:
+                    await store.put(away)
+                    break
+                except Unavailable:
+                    assert time.monotonic() - killed < 30, "no master for the revocations"
+                    await asyncio.sleep(0.1)
+            while not (watcher.fresh and away.key in {r.key for r in watcher.state.records()}):
+                assert time.monotonic() - killed < 15, "the watcher did not reconnect and reload"
+                await asyncio.sleep(0.05)
+            back = time.monotonic() - killed
+            (elsewhere,) = subscribed(topology)
+            assert elsewhere is not node
+            after = new_revocation(Scope.RUN, "run_after", "test", "published after the reconnect")
+            sent = time.monotonic()
+            await store.put(after)
+            while after.key not in {r.key for r in watcher.state.records()}:
+                assert time.monotonic() - sent < 1.0, "not heard over the bus within 1 s"
+                await asyncio.sleep(0.01)
+            print(f"cluster watcher: subscription node :{node.port} killed, fresh again on :{elsewhere.port} "
+                  f"{back:.2f}s later with the record written meanwhile")
+        finally:
+            await watcher.stop()
+            await client.aclose()
+
+    with ClusterTopology() as topology:
+        asyncio.run(scenario(topology))
