@@ -180,6 +180,14 @@ class _NodePubSub(AsyncClusterPubSub):
 class _ClusterRedis(AsyncRedisCluster):
     subscriptions = 0
 
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        # redis-py 8.1 resolves a command's policy and slot before it learns the cluster: calls
+        # made concurrently on a client not yet initialised were seen to run twice or fail
+        # (tests/ha/test_cluster.py, the concurrent budgets); learn it first, once (it locks)
+        if self._initialize:
+            await self.initialize()
+        return await super().execute_command(*args, **kwargs)
+
     def pubsub(self, node: Any = None, host: str | None = None, port: int | None = None,
                **kwargs: Any) -> AsyncClusterPubSub:
         return _NodePubSub(self, node=node, host=host, port=port, **kwargs)

@@ -52,7 +52,8 @@ def test_setting_names_its_key_never_the_password() -> None:
     target = redis_url.sentinel_target("redis+sentinel://:hunter2@s1:1/x")
     assert "hunter2" not in repr(target)
     seeds = redis_url.cluster_target("redis+cluster://:hunter2@c1:1,c2:2")
-    assert seeds.seeds == (("c1", 1), ("c2", 2)) and seeds.password == "hunter2"
+    assert seeds.seeds == (("c1", 1), ("c2", 2))
+    assert seeds.password == "hunter2"
     assert "hunter2" not in repr(seeds)
 
 

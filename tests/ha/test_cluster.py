@@ -16,9 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from contract import generation, keys, redis_url
+from contract.claims import AccessClaims
 from contract.errors import Unavailable
 from contract.redis_url import sync_client
 from contract.revocations import RevocationStore, Scope, new_revocation
+from gateways.budget import Budgets
 from gateways.revocation_watcher import RevocationWatcher
 from tests.gateways.test_approvals import decide, pending_of, send
 from tests.support.gateway_stack import Stack
@@ -205,3 +207,32 @@ def test_a_watcher_whose_node_dies_resubscribes_elsewhere_and_rereads() -> None:
 
     with ClusterTopology() as topology:
         asyncio.run(scenario(topology))
+
+
+def test_concurrent_budget_charges_are_exact_on_a_cluster(gateway_stack: Stack) -> None:
+    """redis-py pipelines no script call on a cluster, so the charges of one event-loop turn go
+    one by one (a bounded number at once): 40 runs of 8 charges at once (past the batch size and
+    the bound), each run's slot on whichever master, give exactly 5 of 8 per run (5 per minute)."""
+    upstream = gateway_stack.policies.upstreams["echo"]
+    purpose = upstream.purposes["limited"]
+    now = time.time()
+    runs = [AccessClaims.new(issuer="i", run_id=f"run_{i}_{time.time_ns()}", audience="echo", runtime="tester",
+                             grants=[], now=int(now), ttl=600) for i in range(40)]
+
+    async def scenario(url: str) -> list[list[str]]:
+        client = redis_url.async_client(url)
+        budgets = Budgets(client, upstream)
+        try:
+            answers = await asyncio.gather(*(budgets.charge(claims, purpose, now) for claims in runs
+                                             for _ in range(8)), return_exceptions=True)
+        finally:
+            await client.aclose()
+        codes = [getattr(a, "code", "ok") if a is not None else "ok" for a in answers]
+        return [codes[i * 8:(i + 1) * 8] for i in range(len(runs))]
+
+    with ClusterTopology(replicas=False) as topology:
+        per_run = asyncio.run(scenario(topology.url))
+        spread = {topology.master_of(keys.budget(c.sub, "echo")).port for c in runs}
+    counts = sorted({(c.count("ok"), c.count("budget_exceeded")) for c in per_run})
+    assert counts == [(5, 3)], [sorted(set(c)) for c in per_run if c.count("ok") != 5][:3]
+    assert len(spread) == 3
