@@ -9,6 +9,8 @@ every audit line reaches the stream. The Sentinel test's helpers and checks, on 
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +25,7 @@ from contract.revocations import RevocationStore, Scope, new_revocation
 from gateways.budget import Budgets
 from gateways.revocation_watcher import RevocationWatcher
 from tests.gateways.test_approvals import decide, pending_of, send
+from tests.gateways.test_faults import VALETKEY
 from tests.support.gateway_stack import Stack
 from tests.support.ha_stack import PATH, HAStack, call, fail_over, two_of_each, wait_audit
 from tests.support.servers import ThreadedServer
@@ -72,6 +75,17 @@ def test_whole_stack_works_on_a_cluster(ha: HAStack) -> None:
         assert [call(g, doomed) for g in ha.gateways] == [(200, ""), (200, "")]
         assert ha.revoke("run", doomed_run, broker=1).status_code == 201
         took = until(lambda: all(call(g, doomed) == (401, "token_revoked") for g in ha.gateways))
+        # the CLI's break-glass (Redis only) and audit reader take the same URL
+        glass_run, glass = ha.mint(["read_items"])
+        done = subprocess.run([VALETKEY, "revoke", "--break-glass", "--redis", topology.url, "--run", glass_run,
+                               "--reason", "cluster drill"], capture_output=True, text=True, timeout=60,
+                              check=False, env={k: v for k, v in os.environ.items() if not k.startswith("VAULT_")})
+        assert done.returncode == 0, done.stderr
+        until(lambda: all(call(g, glass) == (401, "token_revoked") for g in ha.gateways))
+        shown = subprocess.run([VALETKEY, "audit", "query", "--redis", topology.url, "--run", glass_run], capture_output=True,
+                               text=True, timeout=60, check=False)
+        assert shown.returncode == 0, shown.stderr
+        assert "break_glass=True" in shown.stdout
         # budgets: the run's 5 per minute, shared by both replicas
         limited = [call(ha.gateways[i % 2], token, "/v1/limited") for i in range(6)]
         assert [s for s, _ in limited] == [200] * 5 + [429]
