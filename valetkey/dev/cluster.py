@@ -23,6 +23,7 @@ from valetkey.dev.services import LOOPBACK, LocalService, Topology
 
 SLOTS = 16384
 NODE_TIMEOUT_MS = 1000
+FORM_TIMEOUT = 30.0  # seconds for the nodes to meet and the replicas to sync
 BUS_OFFSET = 10000  # Redis 6.2: the cluster bus listens on port + 10000
 
 
@@ -83,30 +84,26 @@ class ClusterTopology(Topology):
     def url(self) -> str:
         return "redis+cluster://" + ",".join(f"{LOOPBACK}:{n.port}" for n in self.masters)
 
-    def start(self, timeout: float = 30.0) -> ClusterTopology:
-        try:
-            for node in self.nodes:
-                node.start()
-            first = self.masters[0]
-            with first.client() as client:
-                for node in self.nodes[1:]:
-                    client.execute_command("CLUSTER", "MEET", LOOPBACK, node.port)
-            share = SLOTS // len(self.masters)
-            for index, master in enumerate(self.masters):
-                end = SLOTS if index == len(self.masters) - 1 else (index + 1) * share
-                with master.client() as client:
-                    client.execute_command("CLUSTER", "ADDSLOTS", *range(index * share, end))
-            self._wait(lambda: all(self._known(n) == len(self.nodes) for n in self.nodes),
-                       "the nodes to meet", timeout)
-            for master, replica in zip(self.masters, self.replicas, strict=False):
-                master_id = master.node_id()
-                with replica.client() as client:
-                    client.execute_command("CLUSTER", "REPLICATE", master_id)
-            self._wait(self.healthy, "the cluster to be ready", timeout)
-        except BaseException:
-            self.close()
-            raise
-        return self
+    def form(self) -> None:
+        timeout = FORM_TIMEOUT
+        for node in self.nodes:
+            node.start()
+        first = self.masters[0]
+        with first.client() as client:
+            for node in self.nodes[1:]:
+                client.execute_command("CLUSTER", "MEET", LOOPBACK, node.port)
+        share = SLOTS // len(self.masters)
+        for index, master in enumerate(self.masters):
+            end = SLOTS if index == len(self.masters) - 1 else (index + 1) * share
+            with master.client() as client:
+                client.execute_command("CLUSTER", "ADDSLOTS", *range(index * share, end))
+        self._wait(lambda: all(self._known(n) == len(self.nodes) for n in self.nodes),
+                   "the nodes to meet", timeout)
+        for master, replica in zip(self.masters, self.replicas, strict=False):
+            master_id = master.node_id()
+            with replica.client() as client:
+                client.execute_command("CLUSTER", "REPLICATE", master_id)
+        self._wait(self.healthy, "the cluster to be ready", timeout)
 
     def healthy(self) -> bool:
         """Every running node says ``cluster_state:ok`` and every replica is in sync."""

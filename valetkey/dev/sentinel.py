@@ -100,24 +100,19 @@ class SentinelTopology(Topology):
         hosts = ",".join(f"{LOOPBACK}:{s.port}" for s in self.sentinels)
         return f"redis+sentinel://{hosts}/{SERVICE}/0"
 
-    def start(self) -> SentinelTopology:
-        try:
-            primary = DataNode()
-            primary.start()
-            self.nodes.append(primary)
-            replica = DataNode(primary.port)
-            replica.start()
-            self.nodes.append(replica)
-            self._wait(lambda: self._replica_synced(replica), "the replica to sync")
-            for _ in range(3):
-                sentinel = SentinelNode(primary.port)
-                sentinel.start()
-                self.sentinels.append(sentinel)
-            self._wait(self._sentinels_agree, "the sentinels to find each other and the replica")
-        except BaseException:
-            self.close()
-            raise
-        return self
+    def form(self) -> None:
+        primary = DataNode()
+        primary.start()
+        self.nodes.append(primary)
+        replica = DataNode(primary.port)
+        replica.start()
+        self.nodes.append(replica)
+        self._wait(lambda: self._replica_synced(replica), "the replica to sync")
+        for _ in range(3):
+            sentinel = SentinelNode(primary.port)
+            sentinel.start()
+            self.sentinels.append(sentinel)
+        self._wait(self._sentinels_agree, "the sentinels to find each other and the replica")
 
     def primary_port(self) -> int | None:
         answers = {s.primary() for s in self.sentinels if s.running}

@@ -328,13 +328,22 @@ class RedisServer(LocalService):
 
 class Topology:
     """Several local services started together and closed together (a Sentinel set, a Redis
-    Cluster, an OpenBao Raft cluster): ``start()`` forms it, ``close()`` removes every node."""
+    Cluster): ``start()`` forms it (``form()``), ``close()`` removes every node."""
 
     def services(self) -> list[LocalService]:
         raise NotImplementedError
 
-    def start(self) -> Self:
+    def form(self) -> None:
+        """Start the nodes and join them; ``start()`` closes whatever started if this fails."""
         raise NotImplementedError
+
+    def start(self) -> Self:
+        try:
+            self.form()
+        except BaseException:
+            self.close()
+            raise
+        return self
 
     def close(self) -> None:
         for service in self.services():
