@@ -24,6 +24,7 @@ Nothing here prints a URL: it may carry a password.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -42,6 +43,7 @@ from redis.sentinel import Sentinel
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 SCHEMES = ("redis", "rediss", "unix", *SENTINEL_SCHEMES, *CLUSTER_SCHEMES)
+CLUSTER_HEADROOM = 16  # connections per cluster node beyond the command limit (pipelines, pub/sub)
 
 
 class RedisUrlError(ValueError):
@@ -178,15 +180,34 @@ class _NodePubSub(AsyncClusterPubSub):
 
 
 class _ClusterRedis(AsyncRedisCluster):
+    """A cluster client whose commands wait for a free slot rather than fail: redis-py's per-node
+    pools refuse past ``max_connections`` (``MaxConnectionsError``), where a single server's
+    ``BlockingConnectionPool`` waits up to ``pool_timeout``. At most ``limit`` commands are in
+    flight (a command sent to every node, ``SCRIPT LOAD``, holds one connection per node); the
+    nodes' pools get ``CLUSTER_HEADROOM`` more for pipelines and subscriptions."""
+
     subscriptions = 0
 
+    def __init__(self, *, limit: int, pool_timeout: float, **kwargs: Any) -> None:
+        super().__init__(max_connections=limit + CLUSTER_HEADROOM, **kwargs)
+        self._in_flight = asyncio.Semaphore(limit)
+        self._pool_timeout = pool_timeout
+
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        # redis-py 8.1 resolves a command's policy and slot before it learns the cluster: calls
-        # made concurrently on a client not yet initialised were seen to run twice or fail
-        # (tests/ha/test_cluster.py, the concurrent budgets); learn it first, once (it locks)
-        if self._initialize:
-            await self.initialize()
-        return await super().execute_command(*args, **kwargs)
+        try:
+            async with asyncio.timeout(self._pool_timeout):
+                await self._in_flight.acquire()
+        except TimeoutError:
+            raise redis.ConnectionError("no free Redis connection within the pool timeout") from None
+        try:
+            # redis-py 8.1 resolves a command's policy and slot before it learns the cluster:
+            # calls made concurrently on a client not yet initialised were seen to run twice or
+            # fail (tests/ha/test_cluster.py, the concurrent budgets); learn it first, once (locked)
+            if self._initialize:
+                await self.initialize()
+            return await super().execute_command(*args, **kwargs)
+        finally:
+            self._in_flight.release()
 
     def pubsub(self, node: Any = None, host: str | None = None, port: int | None = None,
                **kwargs: Any) -> AsyncClusterPubSub:
@@ -204,7 +225,7 @@ def async_client(url: str, *, max_connections: int = 50, pool_timeout: float = 5
         seeds = cluster_target(url)
         cluster = _ClusterRedis(
             startup_nodes=[AsyncClusterNode(host, port) for host, port in seeds.seeds],
-            password=seeds.password, ssl=seeds.tls, max_connections=max_connections,
+            password=seeds.password, ssl=seeds.tls, limit=max_connections, pool_timeout=pool_timeout,
             socket_timeout=socket_timeout, socket_connect_timeout=socket_connect_timeout, **options)
         # the commands valetkey sends are the same on both (tests/ha/test_cluster.py runs them all)
         return cast(aioredis.Redis, cluster)

@@ -14,6 +14,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
@@ -244,9 +245,19 @@ def test_concurrent_budget_charges_are_exact_on_a_cluster(gateway_stack: Stack) 
         codes = [getattr(a, "code", "ok") if a is not None else "ok" for a in answers]
         return [codes[i * 8:(i + 1) * 8] for i in range(len(runs))]
 
+    async def beyond_the_pool(url: str) -> list[Any]:
+        # a small pool: calls wait for a free connection (as on one server), none is refused
+        client = redis_url.async_client(url, max_connections=4, pool_timeout=10.0)
+        try:
+            await asyncio.gather(*(client.incr(f"{{pool}}:{i % 3}") for i in range(300)))
+            return list(await asyncio.gather(*(client.get(f"{{pool}}:{i}") for i in range(3))))
+        finally:
+            await client.aclose()
+
     with ClusterTopology(replicas=False) as topology:
         per_run = asyncio.run(scenario(topology.url))
         spread = {topology.master_of(keys.budget(c.sub, "echo")).port for c in runs}
+        assert asyncio.run(beyond_the_pool(topology.url)) == [b"100"] * 3
     counts = sorted({(c.count("ok"), c.count("budget_exceeded")) for c in per_run})
     assert counts == [(5, 3)], [sorted(set(c)) for c in per_run if c.count("ok") != 5][:3]
     assert len(spread) == 3
