@@ -45,14 +45,14 @@ from broker.console_auth import (
     set_cookie,
 )
 from broker.services import Services, authenticate, services
-from contract import audit_stream
+from contract import audit_stream, keys
 from contract.errors import BadRequest, Forbidden, NotFound, Reason, Unauthenticated, ValetkeyError
 from contract.revocations import Scope
 
 HERE = Path(__file__).resolve().parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 templates.env.filters["when"] = lambda t: time.strftime("%H:%M:%S", time.gmtime(float(t or 0))) + "Z"
-ALERTS_STREAM = "valetkey:alerts"
+ALERTS_STREAM = keys.ALERTS_STREAM
 STREAM_FOR = 600.0  # seconds one SSE response lasts; EventSource reconnects by itself
 PING_EVERY = 15.0
 
@@ -91,7 +91,7 @@ async def _runs(svc: Services) -> list[dict[str, Any]]:
     for record in records:
         used = {}
         for upstream in record.audiences:
-            raw = await svc.redis.get(f"valetkey:budget:{record.run_id}:{upstream}:requests")
+            raw = await svc.redis.get(f"{keys.budget(record.run_id, upstream)}:requests")
             limits = svc.policies.upstreams.get(upstream)
             total = limits.run_limits.requests if limits else None
             if total:

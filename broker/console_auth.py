@@ -34,11 +34,12 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from broker.callers import Caller
+from contract import keys
 from contract.errors import BadRequest, Forbidden, PayloadTooLarge, Reason, Unavailable
 
-SESSION_PREFIX = "valetkey:console:session:"
-CODE_PREFIX = "valetkey:console:code:"
-OIDC_STATE_PREFIX = "valetkey:console:oidc:"  # an OIDC sign-in under way (broker/oidc_client.py)
+SESSION_PREFIX = keys.CONSOLE_SESSION_PREFIX
+CODE_PREFIX = keys.CONSOLE_CODE_PREFIX
+OIDC_STATE_PREFIX = keys.CONSOLE_OIDC_STATE_PREFIX  # an OIDC sign-in under way (broker/oidc_client.py)
 SESSION_TTL = 30 * 60
 CODE_TTL = 5 * 60
 MAX_FORM = 16 * 1024

@@ -33,7 +33,7 @@ from collections.abc import Callable
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from contract import generation
+from contract import generation, keys
 from contract.errors import ValetkeyError
 from contract.revocations import (
     HASH,
@@ -95,7 +95,12 @@ class RevocationKeeper:
         current = await generation.read(self._redis)
         if current is not None:
             return current
-        restored = await RevocationStore(self._redis).restore(await self._load_saved())
+        store = RevocationStore(self._redis)
+        restored = await store.restore(await self._load_saved())
+        # an upgrade from before the {vk:rev} slot: the old hash may hold records no copy has yet
+        # (a gateway's auto-revoke in the last seconds); never over what is restored
+        legacy = await self._redis.hgetall(keys.LEGACY_REVOCATIONS)
+        restored += await store.restore({_text(k): _text(v) for k, v in legacy.items() if scope_of(_text(k))})
         current = await generation.establish(self._redis)
         self.restored = restored
         log.warning(json.dumps({"event": "revocations_restored", "records": restored,

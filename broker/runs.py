@@ -19,12 +19,13 @@ from typing import Any, TypeVar
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from contract import keys
 from contract.claims import AccessClaims
 from contract.errors import NotFound, Reason, TokenInvalid, Unavailable
 from contract.revocations import Revocation, RevocationStore, Scope, key_of
 
-KEY_PREFIX = "valetkey:run:"
-LIVE_INDEX = "valetkey:runs:by_expiry"  # run id → expiry (sorted set)
+KEY_PREFIX = keys.RUN_PREFIX
+LIVE_INDEX = keys.RUNS_BY_EXPIRY  # run id → expiry (sorted set)
 ACTIVE = "active"
 ENDED = "ended"
 EXPIRED = "expired"  # shown, never stored: an active run past its expiry
@@ -131,8 +132,11 @@ class RunRegistry:
         """Up to ``limit`` unexpired run records (any state), newest first: the console's runs."""
         ids: Any = await _redis(partial(self._redis.zrevrangebyscore, LIVE_INDEX, "+inf", self._clock(),
                                         start=0, num=limit))
-        keys = [KEY_PREFIX + i.decode() for i in ids]
-        values: Any = await _redis(lambda: self._redis.mget(keys)) if keys else []
+        # GETs in a pipeline, not one MGET: run records live in many slots of a Redis Cluster
+        reads = self._redis.pipeline(transaction=False)
+        for run_id in ids:
+            reads.get(KEY_PREFIX + run_id.decode())
+        values: Any = await _redis(reads.execute) if ids else []
         records = [RunRecord.from_json(json.loads(v)) for v in values if v]
         return sorted(records, key=lambda r: r.created, reverse=True)[:limit]
 

@@ -16,8 +16,9 @@ only), which each gateway process watches with one subscription (``gateways/appr
 * Records are kept ``KEEP_AFTER`` past their deadline so the console and ``approvals show`` can
   say what became of them.
 
-Keys: ``valetkey:approval:<id>`` (hash), ``valetkey:approvals:pending`` (sorted set, id → deadline),
-``valetkey:approvals:run:<run>`` (set of the run's pending ids).
+Keys (``contract/keys.py``), all in the slot ``{vk:apr}`` since every script touches several:
+``{vk:apr}:approval:<id>`` (hash), ``{vk:apr}:pending`` (sorted set, id → deadline),
+``{vk:apr}:run:<run>`` (set of the run's pending ids).
 """
 
 from __future__ import annotations
@@ -31,20 +32,22 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from contract import keys
 from contract.errors import Conflict, NotFound, Reason, Unavailable
 
-CHANNEL = "valetkey:approvals"
-PENDING = "valetkey:approvals:pending"
-PREFIX = "valetkey:approval:"
-RUN_PREFIX = "valetkey:approvals:run:"
+CHANNEL = keys.APPROVAL_CHANNEL
+PENDING = keys.APPROVALS_PENDING
+PREFIX = keys.APPROVAL_PREFIX
+RUN_PREFIX = keys.APPROVALS_RUN_PREFIX
 KEEP_AFTER = 24 * 3600
 PREVIEW_BYTES = 2048
 STATES = ("pending", "approved", "denied", "timeout", "cancelled", "consumed")
 
 # KEYS: run set, record, pending zset. ARGV: cap, id, deadline, ttl, then field/value pairs.
+# The other records of the run are read by name: same slot as KEYS (the tag of PREFIX).
 _CREATE = """
 for _, other in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-  if redis.call('HGET', 'valetkey:approval:' .. other, 'state') ~= 'pending' then
+  if redis.call('HGET', '""" + PREFIX + """' .. other, 'state') ~= 'pending' then
     redis.call('SREM', KEYS[1], other)
   end
 end

@@ -17,9 +17,10 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from contract import keys
 from contract.errors import Reason, Unavailable
 
-STREAM = "valetkey:audit"
+STREAM = keys.AUDIT_STREAM
 DEFAULT_MAXLEN = 100_000
 
 

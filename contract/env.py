@@ -50,7 +50,7 @@ def url_list_setting(env: Mapping[str, str], key: str, default: str) -> str:
 
 
 def redis_url_setting(env: Mapping[str, str], key: str, default: str) -> str:
-    """A Redis URL valetkey can use (``contract/redis_url.py``: one server or Sentinel)."""
+    """A Redis URL valetkey can use (``contract/redis_url.py``: one server, Sentinel or Cluster)."""
     value = env.get(key, default)
     try:
         return redis_url.check(value).rstrip("/")

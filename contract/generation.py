@@ -1,6 +1,7 @@
 """The generation marker: how every replica learns that Redis lost its data.
 
-One key, ``valetkey:generation``, holds ``{"id": …, "since": …}``. A broker writes it (``SET NX``)
+One key, ``{vk:rev}:generation`` (in the revocation hash's slot: ``contract/keys.py``), holds
+``{"id": …, "since": …}``. A broker writes it (``SET NX``)
 only after it has put the durable copy of the standing revocations back into the hash
 (``broker/revocation_keeper.py``). So:
 
@@ -24,7 +25,9 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-KEY = "valetkey:generation"
+from contract import keys
+
+KEY = keys.GENERATION
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,9 @@ A revocation has a scope: ``run:<id>``, ``runtime:<name>``, ``upstream:<name>`` 
   denied and the broker mints nothing that matches. Lifting it is explicit; tokens issued at or
   before the revocation (``not_before``) stay denied even after the lift.
 
-Redis holds one hash ``valetkey:revocations`` (scope → JSON record) and announces every change on
-the channel of the same name. Records are kept until the longest token they cover has expired.
+Redis holds one hash ``{vk:rev}:revocations`` (scope → JSON record; ``contract/keys.py``) and
+announces every change on the channel ``valetkey:revocations``, in one Lua script (atomic, and one
+slot on a Redis Cluster). Records are kept until the longest token they cover has expired.
 
 Reading the hash fails closed, field by field. The field (``run:<id>``, ``runtime:<name>``,
 ``upstream:<name>``, ``all``) says what a record covers; every lookup goes by field, and valetkey
@@ -36,13 +37,13 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from contract import generation
+from contract import generation, keys
 from contract.claims import MAX_LEEWAY, AccessClaims
 from contract.errors import BadRequest, NotFound, Reason, TokenInvalid, Unavailable
 from policies.model import PolicySet
 
-HASH = "valetkey:revocations"
-CHANNEL = "valetkey:revocations"
+HASH = keys.REVOCATIONS
+CHANNEL = keys.REVOCATION_CHANNEL
 MAX_TOKEN_LIFETIME = 24 * 3600  # policies cap run TTLs at 24h, the verifier refuses longer tokens
 UNKNOWN_GRACE = MAX_TOKEN_LIFETIME  # a record of a target not in policy is kept this long
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
@@ -58,6 +59,13 @@ if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
 if ARGV[3] == '' then redis.call('HDEL', KEYS[1], ARGV[1]) return 1 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
 redis.call('PUBLISH', ARGV[4], ARGV[3])
+return 1
+"""
+
+# KEYS[1] the hash; ARGV: field, record, channel. Writes and announces (a revoke, a lift).
+_PUT = """
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('PUBLISH', ARGV[3], ARGV[2])
 return 1
 """
 
@@ -265,11 +273,8 @@ class RevocationStore:
         return current
 
     async def put(self, record: Revocation) -> Revocation:
-        payload = record.to_json()
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hset(HASH, record.key, payload)
-            pipe.publish(CHANNEL, payload)
-            await _redis(pipe.execute)
+        script = self._redis.register_script(_PUT)
+        await _redis(lambda: script(keys=[HASH], args=[record.key, record.to_json(), CHANNEL]))
         return record
 
     async def restore(self, records: Mapping[str, str]) -> int:

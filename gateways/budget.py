@@ -9,6 +9,8 @@ counters per run. Over budget → 429 ``budget_exceeded`` with ``Retry-After``.
 The script calls of all requests that reach ``charge`` in one turn of the event loop leave
 together, pipelined on one connection (``ScriptBatch``): a burst of 1,000 concurrent requests
 is a few round trips, not 1,000 connections (redis-py's default pool refused all beyond 100).
+On a Redis Cluster, redis-py pipelines no script call: there the calls of a turn are sent one by
+one, at most ``CLUSTER_CONCURRENCY`` at once (its per-node pools refuse rather than wait).
 """
 
 from __future__ import annotations
@@ -20,13 +22,15 @@ from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
+from contract import keys
 from contract.claims import AccessClaims
 from contract.errors import Reason, TooManyRequests, Unavailable
 from policies.model import Purpose, Upstream
 
-PREFIX = "valetkey:budget:"
+PREFIX = keys.BUDGET_PREFIX
 
 # KEYS[1] window set, KEYS[2] request total, KEYS[3] bytes total
 # ARGV: limit, period_ms, member, ttl_s, max_requests (0 = none), max_bytes (0 = none)
@@ -61,6 +65,7 @@ _WHICH = ("rate limit", "request total", "bytes-out total")
 
 
 MAX_BATCH = 256  # script calls per pipeline
+CLUSTER_CONCURRENCY = 16  # script calls in flight at once on a Redis Cluster (no pipelining)
 
 
 class ScriptBatch:
@@ -72,6 +77,8 @@ class ScriptBatch:
         self._script: Any = client.register_script(script)
         self._pending: list[tuple[list[str], list[Any], asyncio.Future[Any]]] = []
         self._sending: set[asyncio.Task[None]] = set()
+        self._cluster = isinstance(client, RedisCluster)
+        self._in_flight = asyncio.Semaphore(CLUSTER_CONCURRENCY)
 
     async def __call__(self, keys: list[str], args: list[Any]) -> Any:
         loop = asyncio.get_running_loop()
@@ -91,13 +98,17 @@ class ScriptBatch:
     async def _send(self, batch: list[tuple[list[str], list[Any], asyncio.Future[Any]]]) -> None:
         results: list[Any] | None = None
         try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for keys, args, _ in batch:
-                    await self._script(keys=keys, args=args, client=pipe)  # queued, not sent
-                answers = await pipe.execute(raise_on_error=False)
+            if self._cluster:
+                answers = await asyncio.gather(*(self._one(k, a) for k, a, _ in batch),
+                                               return_exceptions=True)
+            else:
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    for names, args, _ in batch:
+                        await self._script(keys=names, args=args, client=pipe)  # queued, not sent
+                    answers = await pipe.execute(raise_on_error=False)
             if len(answers) != len(batch):
                 raise RedisError(f"pipeline answered {len(answers)} of {len(batch)} calls")
-            results = answers
+            results = list(answers)
         except (RedisError, OSError) as exc:
             results = [exc] * len(batch)
         finally:
@@ -105,6 +116,14 @@ class ScriptBatch:
                 for _, _, future in batch:
                     if not future.done():
                         future.set_exception(RedisError("budget batch did not complete"))
+        self._settle(batch, results)
+
+    async def _one(self, names: list[str], args: list[Any]) -> Any:
+        async with self._in_flight:
+            return await self._script(keys=names, args=args)
+
+    @staticmethod
+    def _settle(batch: list[tuple[list[str], list[Any], asyncio.Future[Any]]], results: list[Any]) -> None:
         for (_, _, future), result in zip(batch, results, strict=True):
             if future.done():  # the request went away meanwhile
                 continue
@@ -136,13 +155,13 @@ class Budgets:
             raise Unavailable("this run's budget counts were lost with Redis's data; mint a new run",
                               Reason.BUDGET_STATE_LOST)
         rate = purpose.limits.rate
-        run = f"{PREFIX}{{{claims.sub}:{self._upstream.name}}}"  # one hash slot per run (Redis Cluster)
+        run = keys.budget(claims.sub, self._upstream.name)  # one hash slot per run (Redis Cluster)
         ttl = max(1, claims.exp - int(now) + 60)
         args = [rate.count if rate else 0, rate.period * 1000 if rate else 0, secrets.token_hex(8), ttl,
                 self._upstream.run_limits.requests or 0, self._upstream.run_limits.bytes_out or 0]
-        keys = [f"{run}:rate:{purpose.name}", f"{run}:requests", f"{run}:bytes"]
+        names = [f"{run}:rate:{purpose.name}", f"{run}:requests", f"{run}:bytes"]
         try:
-            allowed, retry_ms, which = await self._script(keys=keys, args=args)
+            allowed, retry_ms, which = await self._script(keys=names, args=args)
         except (RedisError, OSError) as exc:
             raise Unavailable(f"budget state unavailable: {type(exc).__name__}",
                               Reason.REDIS_UNAVAILABLE) from None
@@ -157,7 +176,7 @@ class Budgets:
         """Count response bytes toward the run's bytes-out total (after the response)."""
         if not self._upstream.run_limits.bytes_out or count <= 0:
             return
-        key = f"{PREFIX}{{{claims.sub}:{self._upstream.name}}}:bytes"
+        key = f"{keys.budget(claims.sub, self._upstream.name)}:bytes"
         try:
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.incrby(key, count)

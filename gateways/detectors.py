@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import redis.asyncio as aioredis
 
-from contract import audit_stream
+from contract import audit_stream, keys
 from contract.env import SettingsError
 from contract.errors import Decision
 from contract.revocation_events import revoke_and_record
@@ -36,8 +36,8 @@ from gateways.audit import AuditRecord
 from policies.model import Alerting, AlertKind
 
 log = logging.getLogger("valetkey.alerts")
-STREAM = "valetkey:alerts"
-PREFIX = "valetkey:detect:"
+STREAM = keys.ALERTS_STREAM
+PREFIX = keys.DETECT_PREFIX
 FIRED_TTL = 24 * 3600
 RETRIES = (0.2, 0.5, 1.0, 2.0, 5.0)
 # refusals that say nothing about the agent's intent: a run retrying into its own rate limit has its

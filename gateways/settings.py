@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from contract import keys
 from contract.claims import MAX_LEEWAY
 from contract.env import (
     SettingsError,
@@ -51,7 +52,7 @@ class GatewaySettings:
     metrics_listen: tuple[str, int] | None = None  # a /metrics port the sandbox cannot reach
     alert_webhook_url: str = ""
     alert_webhook_secret: Secret | None = None
-    audit_stream: str = "valetkey:audit"
+    audit_stream: str = keys.AUDIT_STREAM
     audit_maxlen: int = 100_000
     audit_buffer: int = 100_000  # audit lines held for the stream while Redis is unreachable
     approle_secret_id_file: str = ""  # read again at every AppRole login (a restored Vault)

@@ -33,11 +33,12 @@ import redis.asyncio as aioredis
 from ahocorasick_rs import BytesAhoCorasick
 from redis.exceptions import RedisError
 
+from contract import keys
 from contract.tasks import stop_task
 from gateways.sources.base import IssuedCredential
 
 log = logging.getLogger("valetkey.gateway")
-KEY = "valetkey:issued"
+KEY = keys.ISSUED
 MIN_LENGTH = 8  # as the scanner's held secrets: shorter values would refuse ordinary text
 VALID_MARGIN = 60.0  # seconds a value stays known past its expiry (clock skew with the upstream)
 # a token-shaped run: base64url and the punctuation opaque tokens, JWTs and base64 use

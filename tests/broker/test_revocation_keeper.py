@@ -13,7 +13,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from broker.revocation_keeper import MOUNT, PREFIX, RevocationKeeper
-from contract import generation
+from contract import generation, keys
 from contract.errors import Reason, Unavailable
 from contract.revocations import HASH, RevocationStore, Scope, new_revocation
 from contract.secret import Secret
@@ -74,6 +74,36 @@ def test_copy_restore_sync_prune(bootstrapped_vault: Any, redis_url: str) -> Non
             await client.delete(generation.KEY)
             await keeper.check()
             assert not (await store.get(blocked.key) or lifted).blocked
+        finally:
+            await vault.aclose()
+            await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_upgrade_restores_the_hash_under_its_old_name(bootstrapped_vault: Any, redis_url: str) -> None:
+    """A deployment from before the ``{vk:rev}`` slot: no marker under the new name, so the first
+    new broker takes the data-loss path; records only the old hash held (a gateway's auto-revoke
+    not yet copied to Vault) come back too, never over a record the new hash has, and a field of
+    no scope stays behind."""
+
+    async def scenario() -> None:
+        client = aioredis.Redis.from_url(redis_url)
+        vault = VaultClient(bootstrapped_vault.addr, Secret(bootstrapped_vault.broker_token))
+        keeper = RevocationKeeper(client, vault)
+        store = RevocationStore(client, require_generation=True)
+        try:
+            await client.flushall()
+            only_old = new_revocation(Scope.RUN, f"run-{time.time_ns()}", "gateway", "alert")
+            newer = new_revocation(Scope.UPSTREAM, f"up-{time.time_ns()}", "admin", "new")
+            await client.hset(keys.LEGACY_REVOCATIONS, mapping={
+                only_old.key: only_old.to_json(), newer.key: "{stale}", "bogus": "x"})
+            await client.hset(HASH, newer.key, newer.to_json())
+            await keeper.check()
+            assert await store.get(only_old.key) == only_old
+            assert await store.get(newer.key) == newer
+            assert not await client.hexists(HASH, "bogus")
+            assert await generation.read(client) is not None
         finally:
             await vault.aclose()
             await client.aclose()

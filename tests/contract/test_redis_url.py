@@ -25,7 +25,13 @@ from valetkey.dev.sentinel import SentinelTopology
     pytest.param("redis+sentinel://s1/valetkey", "host:port", id="sentinel-no-port"),
     pytest.param("redis+sentinel://s1:26379/valetkey/x", "is a number", id="sentinel-bad-db"),
     pytest.param("redis+sentinel://s1:26379/valetkey?foo=1", "unknown option", id="sentinel-option"),
-    pytest.param("redis+cluster://c1:7000", "Cluster is not supported", id="cluster"),
+    pytest.param("redis+cluster://c1:7000", "", id="cluster"),
+    pytest.param("redis+cluster://:pw@c1:7000,c2:7000,[::1]:7000/0", "", id="cluster-seeds-pw"),
+    pytest.param("rediss+cluster://c1:7000/", "", id="cluster-tls"),
+    pytest.param("redis+cluster://c1:7000/2", "only database 0", id="cluster-db"),
+    pytest.param("redis+cluster://c1", "host:port", id="cluster-no-port"),
+    pytest.param("redis+cluster://:pw@c1:7000,c2", "host:port", id="cluster-seed-no-port"),
+    pytest.param("redis+cluster://c1:7000?foo=1", "no options", id="cluster-option"),
     pytest.param("http://127.0.0.1:6379", "not a Redis URL", id="http"),
     pytest.param("127.0.0.1:6379", "not a Redis URL", id="no-scheme"),
     pytest.param("redis://", "no host", id="no-host"),
@@ -45,6 +51,10 @@ def test_setting_names_its_key_never_the_password() -> None:
     assert "hunter2" not in str(caught.value)
     target = redis_url.sentinel_target("redis+sentinel://:hunter2@s1:1/x")
     assert "hunter2" not in repr(target)
+    seeds = redis_url.cluster_target("redis+cluster://:hunter2@c1:1,c2:2")
+    assert seeds.seeds == (("c1", 1), ("c2", 2))
+    assert seeds.password == "hunter2"
+    assert "hunter2" not in repr(seeds)
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ import redis
 
 from broker.app import create_app
 from broker.settings import BrokerSettings
+from contract import keys
 from contract.secret import Secret
 from gateways.detectors import verify_signature
 from tests.gateways.test_revocation_watcher import WEBHOOK_SECRET, Receiver
@@ -314,7 +315,7 @@ def test_a_decision_whose_announcement_is_lost_is_found_by_polling(
     (approval,) = pending_of(gateway_stack.broker_url, gateway_stack.vault.admin_token, bundle["run_id"])
     client = redis.Redis.from_url(gateway_stack.redis_url)
     try:  # what the broker's script does, without its PUBLISH
-        client.hset(f"valetkey:approval:{approval['id']}", mapping={"state": "denied", "decided_by": "test"})
+        client.hset(f"{keys.APPROVAL_PREFIX}{approval['id']}", mapping={"state": "denied", "decided_by": "test"})
     finally:
         client.close()
     started = time.monotonic()

@@ -8,16 +8,21 @@ keeps (time, replica, run, status, reason) for each.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+import redis
 
 from broker.app import create_app
 from broker.settings import BrokerSettings
+from contract import keys
 from gateways.app import GatewayApp
 from gateways.server import GatewayProtocol
 from tests.support.gateway_stack import ISSUER, Stack, gateway_settings, loopback_resolver
@@ -25,6 +30,8 @@ from tests.support.servers import ThreadedServer
 
 UPSTREAM = "echo"
 PATH = "/v1/items/1"
+# failover tests: 1 s (default 3 s), so a failover of ~2.5 s shows the refusals, not only memory
+MAX_STALE = "1s"
 
 
 @dataclass
@@ -34,6 +41,7 @@ class HAStack:
     brokers: list[ThreadedServer] = field(default_factory=list)
     gateways: list[ThreadedServer] = field(default_factory=list)
     vault_addr: str = ""  # VAULT_ADDR for the replicas (several nodes of a cluster); default the stack's
+    topology: Any = None  # the Redis topology under test (tests kill its nodes)
     _runtime_token: str = ""
 
     @property
@@ -90,6 +98,22 @@ class HAStack:
     def lift(self, scope: str, name: str) -> httpx.Response:
         return httpx.delete(f"{self.brokers[0].url}/v1/revocations/{scope}/{name}",
                             headers={"X-Vault-Token": self.base.vault.admin_token}, timeout=10)
+
+
+@contextmanager
+def two_of_each(base: Stack, topology: Any) -> Iterator[HAStack]:
+    """Two brokers and two gateways (at ``MAX_STALE``) over ``topology.url`` (a started Sentinel
+    set or Redis Cluster, kept as ``stack.topology``); all stopped on leaving."""
+    stack = HAStack(base, topology.url)
+    stack.topology = topology
+    try:
+        stack.start_broker()
+        stack.start_broker()
+        stack.start_gateway(VALETKEY_REVOCATION_MAX_STALE=MAX_STALE)
+        stack.start_gateway(VALETKEY_REVOCATION_MAX_STALE=MAX_STALE)
+        yield stack
+    finally:
+        stack.close()
 
 
 def call(gateway: ThreadedServer, token: str, path: str = PATH) -> tuple[int, str]:
@@ -155,3 +179,73 @@ class Traffic:
                     return answer.at
             time.sleep(0.05)
         raise AssertionError(f"no {status} for {run} within {timeout}s; last: {self.of(run, since)[-5:]}")
+
+
+# while the Redis that holds the revocations is gone: served from memory for at most
+# VALETKEY_REVOCATION_MAX_STALE, then refused; budgeted and Redis-bound work refused at once
+DURING_FAILOVER = {(200, ""), (503, "revocation_state_stale"), (503, "redis_unavailable")}
+
+
+@dataclass
+class Failover:
+    traffic: Traffic
+    old: Any
+    new: Any
+    killed_at: float
+    promoted_at: float
+    resumed_at: float
+    during: list[Answer]  # the live run's answers from the kill to the first 200 after the promotion
+    refused: list[Answer]
+
+    def summary(self) -> str:
+        return (f"{self.old} -> {self.new}; promoted {self.promoted_at - self.killed_at:.1f}s after the "
+                f"kill, traffic resumed {self.resumed_at - self.killed_at:.1f}s after; {len(self.refused)} of "
+                f"{len(self.during)} requests refused meanwhile ({sorted({a.reason for a in self.refused})})")
+
+
+def fail_over(stack: HAStack, live: str, dead: str, kill: Callable[[], Any],
+              promoted: Callable[[Any], Any]) -> Failover:
+    """Traffic for the runs ``live`` and ``dead`` (revoked) while ``kill()`` kills what holds the
+    revocations and ``promoted(old)`` waits for its replacement; checked with ``check_failover``."""
+    with Traffic(stack, {"live": live, "dead": dead}) as traffic:
+        time.sleep(0.5)
+        killed_at = time.monotonic()
+        old = kill()
+        new = promoted(old)
+        promoted_at = time.monotonic()
+        resumed_at = traffic.wait_for("live", 200, promoted_at)
+        time.sleep(0.5)
+    during = [a for a in traffic.of("live", killed_at) if a.at <= resumed_at]
+    refused = check_failover(traffic, killed_at, during, promoted_at)
+    return Failover(traffic, old, new, killed_at, promoted_at, resumed_at, during, refused)
+
+
+def check_failover(traffic: Traffic, killed_at: float, during: list[Answer], promoted_at: float) -> list[Answer]:
+    """What a failover under traffic must look like (Sentinel or Cluster); returns the refusals of
+    the live run ``during`` it: only the codes of ``DURING_FAILOVER``; the revoked run ``dead``
+    never allowed; at least one refusal; and after a replica's first refusal, no 200 before the
+    promotion (nothing allowed on stale state)."""
+    assert {(a.status, a.reason) for a in traffic.of("live", killed_at)} <= DURING_FAILOVER
+    assert {(a.status, a.reason) for a in traffic.of("dead")} <= {
+        (401, "token_revoked"), (503, "revocation_state_stale")}
+    refused = [a for a in during if a.status != 200]
+    assert refused, "no request was refused while the revocations had no primary"
+    for index in {a.gateway for a in during}:
+        mine = [a for a in during if a.gateway == index]
+        first = next((a.at for a in mine if a.status == 503), None)
+        assert first is None or all(a.at >= promoted_at - 1.0 for a in mine
+                                    if a.status == 200 and a.at > first)
+    return refused
+
+
+def audit_lines(client: redis.Redis) -> int:
+    """Request lines in the audit stream (the stream is one key: one node of the cluster)."""
+    return sum(1 for _, f in client.xrange(keys.AUDIT_STREAM)
+               if f.get(b"kind") == b"request" and "decision" in json.loads(f[b"line"]))
+
+
+def wait_audit(client: redis.Redis, sent: int, timeout: float = 15.0) -> int:
+    deadline = time.monotonic() + timeout
+    while (found := audit_lines(client)) < sent and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return found

@@ -114,15 +114,20 @@ def test_dev_with_postgres_serves_the_demo_database(tmp_path: Path) -> None:
     assert proc.returncode == 0, out
 
 
-def test_dev_ha_stack(tmp_path: Path) -> None:
-    """`valetkey dev --ha`: the demo works over a Raft cluster and Redis through Sentinel."""
+@pytest.mark.parametrize(("redis", "scheme"), [
+    pytest.param("sentinel", "redis+sentinel://", id="sentinel"),
+    pytest.param("cluster", "redis+cluster://", id="cluster"),
+])
+def test_dev_ha_stack(tmp_path: Path, redis: str, scheme: str) -> None:
+    """`valetkey dev --ha`: the demo works over a Raft cluster and Redis through Sentinel or a
+    Redis Cluster."""
     ports = (free_port(), free_port(), free_port())
-    proc = _dev(tmp_path, *ports, extra=("--ha",))
+    proc = _dev(tmp_path, *ports, extra=("--ha", "--ha-redis", redis))
     text = output_until_ready(proc, 150)
     try:
         assert "Ctrl-C to stop" in text, text
         assert "OpenBao Raft cluster" in text
-        assert "redis+sentinel://" in text
+        assert scheme in text
         commands = [line.strip().split("   #")[0].strip() for line in text.splitlines()
                      if line.strip().startswith(("set -a", "curl "))]
         source, inject = commands[0], commands[1]

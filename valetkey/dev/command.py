@@ -35,14 +35,17 @@ from valetkey.dev.state import DEFAULT_DIR, state_dir
               help="High availability: a three-node OpenBao Raft cluster and Redis with a replica and "
                    "three sentinels, on free ports (--vault-port and --redis-port are not used); kill a "
                    "node to watch valetkey fail over.")
+@click.option("--ha-redis", type=click.Choice(["sentinel", "cluster"]), default="sentinel", show_default=True,
+              help="With --ha: Redis with Sentinel, or a Redis Cluster (three masters, a replica each).")
 def dev_command(upstreams: str, policy_dir: Path | None, state_dir_option: Path | None, vault_port: int,
                 redis_port: int, broker_port: int, gateway_port: int, proxy_port: int, no_demo: bool,
-                postgres: bool, ha: bool) -> None:
+                postgres: bool, ha: bool, ha_redis: str) -> None:
     """Run the local stack: OpenBao, Redis, bootstrap, demo upstreams, broker, gateways, a demo run."""
     workdir = state_dir(state_dir_option)
     names = tuple(n.strip() for n in upstreams.split(",") if n.strip())
     stack = DevStack(workdir, vault_port, redis_port, broker_port, gateway_port, names, policy_dir,
-                     demo=not no_demo, proxy_port=proxy_port, postgres=postgres, ha=ha)
+                     demo=not no_demo, proxy_port=proxy_port, postgres=postgres, ha=ha,
+                     ha_redis=ha_redis)
     try:
         stack.run()
     except (ValetkeyError, PolicyLoadError) as exc:

@@ -10,14 +10,21 @@ waits until the sentinels name another one. Sentinel's own timings are short on 
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
 
 import redis
 
 from contract.errors import Reason, ServiceError
-from valetkey.dev.services import LOOPBACK, READY_TIMEOUT, LocalService, RedisServer, find_redis_server
+from valetkey.dev.services import (
+    LOOPBACK,
+    READY_TIMEOUT,
+    LocalService,
+    RedisServer,
+    Topology,
+    find_redis_server,
+)
 
 SERVICE = "valetkey"
 DOWN_AFTER_MS = 1000
@@ -80,44 +87,32 @@ class SentinelNode(LocalService):
         return int(answer[1]) if answer else None
 
 
-class SentinelTopology:
+class SentinelTopology(Topology):
     def __init__(self) -> None:
         self.nodes: list[DataNode] = []
         self.sentinels: list[SentinelNode] = []
+
+    def services(self) -> list[LocalService]:
+        return [*self.sentinels, *self.nodes]
 
     @property
     def url(self) -> str:
         hosts = ",".join(f"{LOOPBACK}:{s.port}" for s in self.sentinels)
         return f"redis+sentinel://{hosts}/{SERVICE}/0"
 
-    def start(self) -> SentinelTopology:
-        try:
-            primary = DataNode()
-            primary.start()
-            self.nodes.append(primary)
-            replica = DataNode(primary.port)
-            replica.start()
-            self.nodes.append(replica)
-            self._wait(lambda: self._replica_synced(replica), "the replica to sync")
-            for _ in range(3):
-                sentinel = SentinelNode(primary.port)
-                sentinel.start()
-                self.sentinels.append(sentinel)
-            self._wait(self._sentinels_agree, "the sentinels to find each other and the replica")
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def close(self) -> None:
-        for service in [*self.sentinels, *self.nodes]:
-            service.close()
-
-    def __enter__(self) -> SentinelTopology:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def form(self) -> None:
+        primary = DataNode()
+        primary.start()
+        self.nodes.append(primary)
+        replica = DataNode(primary.port)
+        replica.start()
+        self.nodes.append(replica)
+        self._wait(lambda: self._replica_synced(replica), "the replica to sync")
+        for _ in range(3):
+            sentinel = SentinelNode(primary.port)
+            sentinel.start()
+            self.sentinels.append(sentinel)
+        self._wait(self._sentinels_agree, "the sentinels to find each other and the replica")
 
     def primary_port(self) -> int | None:
         answers = {s.primary() for s in self.sentinels if s.running}
@@ -157,15 +152,5 @@ class SentinelTopology:
                 return False
         return True
 
-    @staticmethod
-    def _wait(ready: object, what: str, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if callable(ready) and ready():
-                    return
-            except redis.RedisError:
-                pass
-            if time.monotonic() > deadline:
-                raise ServiceError(f"timed out waiting for {what}", Reason.REDIS_UNAVAILABLE)
-            time.sleep(0.1)
+    def _wait(self, ready: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+        self.wait(ready, what, timeout, Reason.REDIS_UNAVAILABLE, (redis.RedisError,))

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import ClassVar, Self
@@ -323,3 +324,48 @@ class RedisServer(LocalService):
         if self._proc is None or pid != self._proc.pid:
             return f"port {self.port} is answered by another redis-server (pid {pid})"
         return None
+
+
+class Topology:
+    """Several local services started together and closed together (a Sentinel set, a Redis
+    Cluster): ``start()`` forms it (``form()``), ``close()`` removes every node."""
+
+    def services(self) -> list[LocalService]:
+        raise NotImplementedError
+
+    def form(self) -> None:
+        """Start the nodes and join them; ``start()`` closes whatever started if this fails."""
+        raise NotImplementedError
+
+    def start(self) -> Self:
+        try:
+            self.form()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        for service in self.services():
+            service.close()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @staticmethod
+    def wait(ready: Callable[[], bool], what: str, timeout: float, reason: Reason,
+             transient: tuple[type[BaseException], ...] = ()) -> None:
+        """Poll ``ready`` until true (``transient`` errors count as not yet), else ``ServiceError``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if ready():
+                    return
+            except transient:
+                pass
+            if time.monotonic() > deadline:
+                raise ServiceError(f"timed out waiting for {what}", reason)
+            time.sleep(0.1)

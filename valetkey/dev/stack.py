@@ -66,6 +66,7 @@ class DevStack:
     children: list[Child] = field(default_factory=list)
     proxy_port: int = 8480  # the egress proxy; 0 (or --gateway-port 0) picks a free port
     ha: bool = False  # a three-node OpenBao Raft cluster and Redis with Sentinel instead of one each
+    ha_redis: str = "sentinel"  # with ha: "sentinel", or "cluster" (a Redis Cluster)
     _vault_addr: str = ""  # what the broker and gateways get as VAULT_ADDR (every node with --ha)
 
     def _ports(self, names: tuple[str, ...], offset: int) -> dict[str, int]:
@@ -164,15 +165,22 @@ class DevStack:
         return f"http://{LOOPBACK}:{port}"
 
     def _ha_services(self, stack: ExitStack) -> tuple[str, str, str]:
-        """(VAULT_ADDR listing every node, root token, redis+sentinel:// URL), on free ports."""
+        """(VAULT_ADDR listing every node, root token, redis+sentinel:// or redis+cluster:// URL),
+        on free ports."""
+        from valetkey.dev.cluster import ClusterTopology
         from valetkey.dev.raft import RaftCluster
         from valetkey.dev.sentinel import SentinelTopology
 
         self.echo("• OpenBao Raft cluster (three nodes, initialised and unsealed here) …")
         cluster = stack.enter_context(RaftCluster())
         self.echo(f"  ready: {cluster.addr}")
-        self.echo("• Redis primary, replica and three sentinels …")
-        topology = stack.enter_context(SentinelTopology())
+        topology: SentinelTopology | ClusterTopology
+        if self.ha_redis == "cluster":
+            self.echo("• Redis Cluster: three masters, a replica each …")
+            topology = stack.enter_context(ClusterTopology())
+        else:
+            self.echo("• Redis primary, replica and three sentinels …")
+            topology = stack.enter_context(SentinelTopology())
         self.echo(f"  ready: {topology.url}")
         return cluster.addr, cluster.root_token, topology.url
 
