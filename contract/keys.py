@@ -54,7 +54,7 @@ CONSOLE_SESSION_PREFIX = "valetkey:console:session:"
 CONSOLE_CODE_PREFIX = "valetkey:console:code:"
 CONSOLE_OIDC_STATE_PREFIX = "valetkey:console:oidc:"  # + sha256 of the OIDC state (10 minutes)
 BUDGET_PREFIX = "valetkey:budget:"
-ISSUED = "valetkey:issued"  # a hash: sha256 of each issued credential -> its expiry (gateways/sources/issued.py)
+ISSUED = "valetkey:issued"  # sha256 of each issued credential -> its expiry (gateways/sources/issued.py)
 
 
 def budget(run: str, upstream: str) -> str:
