@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from contract.claims import AccessClaims
 from contract.errors import Reason, TooManyRequests, Unavailable
@@ -81,6 +81,18 @@ class ScriptBatch:
         self._pending.append((keys, args, future))
         return await future
 
+    async def _evalsha(self, batch: list[tuple[list[str], list[Any], asyncio.Future[Any]]]) -> list[Any]:
+        """One pipeline of EVALSHA: a NOSCRIPT answer (the call did not run) is in the results.
+        (redis-py's ``Script`` in a pipeline first asks ``SCRIPT EXISTS``: a round trip more
+        on every request that has a budget.)"""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for keys, args, _ in batch:
+                pipe.evalsha(self._script.sha, len(keys), *keys, *args)
+            answers: list[Any] = await pipe.execute(raise_on_error=False)
+        if len(answers) != len(batch):
+            raise RedisError(f"pipeline answered {len(answers)} of {len(batch)} calls")
+        return answers
+
     def _flush(self) -> None:
         pending, self._pending = self._pending, []
         for start in range(0, len(pending), MAX_BATCH):
@@ -91,13 +103,13 @@ class ScriptBatch:
     async def _send(self, batch: list[tuple[list[str], list[Any], asyncio.Future[Any]]]) -> None:
         results: list[Any] | None = None
         try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for keys, args, _ in batch:
-                    await self._script(keys=keys, args=args, client=pipe)  # queued, not sent
-                answers = await pipe.execute(raise_on_error=False)
-            if len(answers) != len(batch):
-                raise RedisError(f"pipeline answered {len(answers)} of {len(batch)} calls")
-            results = answers
+            results = await self._evalsha(batch)
+            missing = [i for i, answer in enumerate(results) if isinstance(answer, NoScriptError)]
+            if missing:  # a restarted or flushed Redis: load the script, run those calls again
+                await self._redis.script_load(self._script.script)
+                again = await self._evalsha([batch[i] for i in missing])
+                for i, answer in zip(missing, again, strict=True):
+                    results[i] = answer
         except (RedisError, OSError) as exc:
             results = [exc] * len(batch)
         finally:
