@@ -44,7 +44,7 @@ class Compiled:
 
     full: bytes = field(repr=False)  # a whole occurrence
     prefix: bytes = field(repr=False)  # a nonempty prefix of an occurrence up to the end of the data
-    leads: tuple[Lead, ...] = field(repr=False)  # ``prefix`` by its first byte
+    leads: tuple[Lead, ...] = field(repr=False)  # ``prefix`` by its first byte (``_leads_of``)
     anchors: frozenset[Anchor] = field(repr=False)  # every occurrence contains one of these
     alphabet: frozenset[int]  # every byte of every occurrence is one of these
     longest: int  # bytes in the longest possible occurrence
@@ -122,6 +122,17 @@ def _union(one: frozenset[int] | None, other: frozenset[int] | None) -> frozense
     return None if one is None or other is None else one | other
 
 
+def _leads_of(required: list[Unit], tail: list[Unit], gap: bytes, rest: bytes) -> tuple[Lead, ...]:
+    """The prefix pattern by its first byte (``rest``: the pattern after the first unit). A
+    redactor groups every text's prefix by first byte into one alternation whose branches start
+    with their literal and check the byte after it: ``re`` then skips in C every position no
+    occurrence can start at (a prefix pattern that starts with a group gives it no first byte)."""
+    following = (required[1:] + tail)[:1]
+    then = _first_bytes(following[0], gap) if following else frozenset()
+    return tuple((b, _union(inner, then) if ends else inner, after + rest)
+                 for b, inner, ends, after in _leads(required[0].alternatives))
+
+
 def _first_bytes(unit: Unit, gap: bytes) -> frozenset[int] | None:
     """The bytes ``(?:gap(?:unit|ANY_PARTIAL\\Z|\\Z))`` can start with, short of the end (None: any)."""
     if any(low == 0 for (_, low, _), *_ in unit.alternatives):
@@ -144,15 +155,9 @@ def compile_text(text: Text) -> Compiled:
     # the data ending there. Past the first unit "partly" is any escape-like fragment: a superset,
     # which may hold back a few more bytes but never fewer. (A head is not held for: an occurrence
     # that starts in it is caught from its required part on; see docs/redaction.md.)
-    rest = b"".join(b"(?:" + gap + b"(?:" + whole + b"|" + ANY_PARTIAL + b"\\Z|\\Z))"
-                    for whole, _ in regexes[1:] + tail_regexes) + b"\\Z"
-    # the first unit by first byte, each branch starting with its literal: ``re`` then skips in C
-    # every position no occurrence can start at (a group of whole-or-partial units first cannot)
-    firsts = _leads(required[0].alternatives)
-    prefix = b"(?:" + b"|".join(re.escape(bytes((b,))) + after for b, _, _, after in firsts) + b")" + rest
-    following = (required[1:] + tail)[:1]
-    then = _first_bytes(following[0], gap) if following else frozenset()
-    leads = [(b, _union(inner, then) if ends else inner, after + rest) for b, inner, ends, after in firsts]
+    prefix = [b"(?:" + regexes[0][0] + b"|" + regexes[0][1] + b"\\Z)"]
+    prefix += [b"(?:" + gap + b"(?:" + whole + b"|" + ANY_PARTIAL + b"\\Z|\\Z))"
+               for whole, _ in regexes[1:] + tail_regexes]
     alts = [a for u in head + required + tail for a in u.alternatives]
     anchors = {text.anchor}.union(*(u.anchors for u in head + required))
     if text.fold:
@@ -160,8 +165,8 @@ def compile_text(text: Text) -> Compiled:
                                  colons=text.name in ("hex", "HEX"))
     units = head + required + tail
     return Compiled(
-        full=full, prefix=prefix, anchors=frozenset(anchors),
-        leads=tuple(leads),
+        full=full, prefix=b"".join(prefix) + b"\\Z", anchors=frozenset(anchors),
+        leads=_leads_of(required, tail, gap, b"".join(prefix[1:]) + b"\\Z"),
         alphabet=frozenset(b for a in alts for atom in a for b in atom[0]).union(
             _GAP_BYTES if text.fold else ()),
         longest=sum(max(sum(atom[2] for atom in a) for a in u.alternatives) for u in units)
