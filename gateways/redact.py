@@ -269,8 +269,9 @@ class StreamRedactor:
     def feed(self, chunk: bytes) -> bytes:
         return self._process(self._carry + chunk if self._carry else chunk, final=False)
 
-    def finish(self) -> bytes:
-        return self._process(self._carry, final=True)
+    def finish(self, last: bytes = b"") -> bytes:
+        """The rest of the body, ``last`` its final piece (if any)."""
+        return self._process(self._carry + last, final=True)
 
     def _process(self, data: bytes, final: bool) -> bytes:
         if not data:
