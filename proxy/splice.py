@@ -41,21 +41,21 @@ class _Direction:
         self.reading = self.writing = self.ended = False
 
     def start(self) -> None:
-        self._read(True)
+        self._watch(reading=True, writing=False)
 
-    def _read(self, on: bool) -> None:
-        if on and not self.reading:
-            self.loop.add_reader(self.src, self._readable)
-        elif not on and self.reading:
-            self.loop.remove_reader(self.src)
-        self.reading = on
-
-    def _write(self, on: bool) -> None:
-        if on and not self.writing:
-            self.loop.add_writer(self.dst, self._writable)
-        elif not on and self.writing:
-            self.loop.remove_writer(self.dst)
-        self.writing = on
+    def _watch(self, reading: bool, writing: bool) -> None:
+        """Read the source, write the destination: each callback on only while it is wanted."""
+        if reading != self.reading:
+            if reading:
+                self.loop.add_reader(self.src, self._readable)
+            else:
+                self.loop.remove_reader(self.src)
+        if writing != self.writing:
+            if writing:
+                self.loop.add_writer(self.dst, self._writable)
+            else:
+                self.loop.remove_writer(self.dst)
+        self.reading, self.writing = reading, writing
 
     def _readable(self) -> None:
         try:
@@ -66,7 +66,7 @@ class _Direction:
             self.relay.fail()
             return
         if moved == 0:  # end of stream: half-close the other side, the other direction goes on
-            self._read(False)
+            self._watch(reading=False, writing=self.writing)
             self.ended = True
             with contextlib.suppress(OSError):
                 self.dst.shutdown(socket.SHUT_WR)
@@ -81,19 +81,17 @@ class _Direction:
             try:
                 moved = os.splice(self.pipe_r, self.dst.fileno(), self.queued, flags=_FLAGS)
             except (BlockingIOError, InterruptedError):
-                self._read(False)  # the destination is full: stop reading the source until it drains
-                self._write(True)
+                # the destination is full: stop reading the source until it drains
+                self._watch(reading=False, writing=True)
                 return
             except OSError:
                 self.relay.fail()
                 return
             self.queued -= moved
-        self._write(False)
-        self._read(not self.ended)
+        self._watch(reading=not self.ended, writing=False)
 
     def close(self) -> None:
-        self._read(False)
-        self._write(False)
+        self._watch(reading=False, writing=False)
         for fd in (self.pipe_r, self.pipe_w):
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -14,25 +14,17 @@ import redis.asyncio as aioredis
 from contract.claims import AccessClaims
 from contract.errors import Reason, TooManyRequests
 from gateways.budget import Budgets
-from policies.model import (
-    Injection,
-    Limits,
-    PathTemplate,
-    Placement,
-    Purpose,
-    Rate,
-    SandboxEnv,
-    SecretRef,
-    Upstream,
-)
+from policies import model
 from valetkey.dev.services import RedisServer
 
-LIMITED = Purpose(name="limited", why="A rate-limited read.", methods=frozenset({"GET"}),
-                  paths=(PathTemplate.parse("/v1/limited"),), params=(), limits=Limits(rate=Rate(3, 60)))
-UPSTREAM = Upstream(name="echo", base_url="http://echo.test", scheme="http", host="echo.test", port=80,
-                    secret=SecretRef(mount="secret", path="echo", field="token"),
-                    injection=Injection(Placement.HEADER, header="Authorization", format="Bearer {secret}"),
-                    env=SandboxEnv(placeholder="ECHO_TOKEN", base_url="ECHO_URL"), purposes={"limited": LIMITED})
+LIMITED = model.Purpose(name="limited", why="A rate-limited read.", methods=frozenset({"GET"}),
+                        paths=(model.PathTemplate.parse("/v1/limited"),), params=(),
+                        limits=model.Limits(rate=model.Rate(3, 60)))
+UPSTREAM = model.Upstream(
+    name="echo", base_url="http://echo.test", scheme="http", host="echo.test", port=80,
+    secret=model.SecretRef(mount="secret", path="echo", field="token"),
+    injection=model.Injection(model.Placement.HEADER, header="Authorization", format="Bearer {secret}"),
+    env=model.SandboxEnv(placeholder="ECHO_TOKEN", base_url="ECHO_URL"), purposes={"limited": LIMITED})
 
 
 @pytest.fixture(scope="module")
