@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from contract.claims import AccessClaims
 from contract.errors import Reason, TooManyRequests, Unavailable
@@ -84,7 +84,13 @@ class ScriptBatch:
     async def _evalsha(self, batch: list[tuple[list[str], list[Any], asyncio.Future[Any]]]) -> list[Any]:
         """One pipeline of EVALSHA: a NOSCRIPT answer (the call did not run) is in the results.
         (redis-py's ``Script`` in a pipeline first asks ``SCRIPT EXISTS``: a round trip more
-        on every request that has a budget.)"""
+        on every request that has a budget.) One call alone skips the pipeline's own cost."""
+        if len(batch) == 1:
+            keys, args, _ = batch[0]
+            try:
+                return [await self._redis.evalsha(self._script.sha, len(keys), *keys, *args)]
+            except ResponseError as exc:  # NOSCRIPT, or the script's own error: the call's answer
+                return [exc]
         async with self._redis.pipeline(transaction=False) as pipe:
             for keys, args, _ in batch:
                 pipe.evalsha(self._script.sha, len(keys), *keys, *args)
