@@ -65,6 +65,8 @@ class _Direction:
         except OSError:
             self.relay.fail()
             return
+        if moved == 0 and not self._at_end():
+            return
         if moved == 0:  # end of stream: half-close the other side, the other direction goes on
             self._watch(reading=False, writing=self.writing)
             self.ended = True
@@ -75,6 +77,28 @@ class _Direction:
         self.counter[0] += moved
         self.queued += moved
         self._writable()
+
+    def _at_end(self) -> bool:
+        """Whether a splice that moved nothing met the end of the stream. TCP's splice can also
+        move nothing with data queued (urgent data; seen with the process under ptrace): those
+        bytes are copied into the pipe instead, so nothing is cut and the loop cannot spin."""
+        try:
+            data = self.src.recv(min(self.size, 1 << 16))
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            self.relay.fail()
+            return False
+        if not data:
+            return True
+        written = os.write(self.pipe_w, data)  # the pipe is empty and holds at least this much
+        if written != len(data):
+            self.relay.fail()
+            return False
+        self.counter[0] += written
+        self.queued += written
+        self._writable()
+        return False
 
     def _writable(self) -> None:
         while self.queued:

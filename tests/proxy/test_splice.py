@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import stat
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -130,5 +131,31 @@ def test_a_reset_side_ends_the_relay() -> None:
             client.close()  # RST
             await loop.sock_sendall(upstream, b"more" * 1000)
             await relay.done
+
+    run(scenario)
+
+
+def test_a_splice_that_moves_nothing_before_the_end_cuts_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TCP's splice may move nothing while data is queued (not an end of stream): the relay must
+    not take it for one, or the tunnel would be cut short."""
+    real, zeros = os.splice, [3]
+
+    def flaky(src: int, dst: int, count: int, *args: int, **kwargs: int) -> int:
+        if zeros[0] and stat.S_ISSOCK(os.fstat(src).st_mode):
+            zeros[0] -= 1
+            return 0
+        return real(src, dst, count, *args, **kwargs)
+
+    monkeypatch.setattr(os, "splice", flaky)
+    data = os.urandom(1 << 20)
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        async with relayed() as (client, upstream, relay, _, received):
+            sending = loop.create_task(loop.sock_sendall(upstream, data))
+            assert await _read_all(client, len(data)) == data
+            await sending
+            assert received[0] == len(data)
+            assert not relay.done.done()
 
     run(scenario)
