@@ -33,6 +33,7 @@ class _Direction:
     def __init__(self, relay: Relay, src: socket.socket, dst: socket.socket, counter: list[int]) -> None:
         self.relay, self.loop = relay, relay.loop
         self.src, self.dst, self.counter = src, dst, counter
+        self.src_fd, self.dst_fd = src.fileno(), dst.fileno()  # the loop's callbacks take plain fds
         self.pipe_r, self.pipe_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         with contextlib.suppress(OSError):  # a smaller pipe only costs more calls
             fcntl.fcntl(self.pipe_w, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
@@ -47,19 +48,19 @@ class _Direction:
         """Read the source, write the destination: each callback on only while it is wanted."""
         if reading != self.reading:
             if reading:
-                self.loop.add_reader(self.src, self._readable)
+                self.loop.add_reader(self.src_fd, self._readable)
             else:
-                self.loop.remove_reader(self.src)
+                self.loop.remove_reader(self.src_fd)
         if writing != self.writing:
             if writing:
-                self.loop.add_writer(self.dst, self._writable)
+                self.loop.add_writer(self.dst_fd, self._writable)
             else:
-                self.loop.remove_writer(self.dst)
+                self.loop.remove_writer(self.dst_fd)
         self.reading, self.writing = reading, writing
 
     def _readable(self) -> None:
         try:
-            moved = os.splice(self.src.fileno(), self.pipe_w, self.size, flags=_FLAGS)
+            moved = os.splice(self.src_fd, self.pipe_w, self.size, flags=_FLAGS)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -103,7 +104,7 @@ class _Direction:
     def _writable(self) -> None:
         while self.queued:
             try:
-                moved = os.splice(self.pipe_r, self.dst.fileno(), self.queued, flags=_FLAGS)
+                moved = os.splice(self.pipe_r, self.dst_fd, self.queued, flags=_FLAGS)
             except (BlockingIOError, InterruptedError):
                 # the destination is full: stop reading the source until it drains
                 self._watch(reading=False, writing=True)
