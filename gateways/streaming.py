@@ -52,11 +52,11 @@ async def exchange(gw: Gateway, ex: Exchange, address: str, raw_target: bytes) -
         ex.response_started = True
         await _send_body(ex, stream.feed(first))
         last = b""
-        async for piece in body:
+        async for piece in body:  # read to its end: leaving an async generator early costs a task
             if not decoder and response.complete:  # nothing follows: no suffix to hold back
-                last = piece
-                break
-            await _send_body(ex, stream.feed(piece))
+                last += piece
+            else:
+                await _send_body(ex, stream.feed(piece))
         await _send_body(ex, stream.finish(last), more=False)
     finally:
         ex.record.redactions = header_redactions + (stream.count if stream else 0)
