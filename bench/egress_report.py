@@ -89,7 +89,9 @@ def _bulk(e: dict[str, Any]) -> str:
         "ends). *Per proxy CPU-second* divides the bytes by the CPU time the proxy itself used: what one "
         "core of it moves when the ends are not the limit. The direct row is the ceiling of the two ends on "
         "this machine: "
-        "a tunnel cannot be faster than it here.",
+        "a tunnel cannot be faster than it here. The valetkey proxy relays a tunnel with splice(2) "
+        "(`proxy/splice.py`: socket → pipe → socket in the kernel, once the ClientHello is checked and "
+        "sent on), so its CPU is the kernel's moving of pages, not Python.",
         table(["way", "wall clock", "per proxy CPU-second"], rows)])
 
 

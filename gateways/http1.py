@@ -230,6 +230,10 @@ class _Connection(asyncio.Protocol):
         return data
 
     @property
+    def complete(self) -> bool:
+        return self._complete and not self._chunks
+
+    @property
     def answered(self) -> bool:
         return self._status != 0
 
@@ -263,6 +267,11 @@ class Response:
     async def iter_body(self) -> AsyncIterator[bytes]:
         while chunk := await self._conn.read():
             yield chunk
+
+    @property
+    def complete(self) -> bool:
+        """The body has ended and every byte of it was given out by ``iter_body``."""
+        return self._conn.complete
 
     async def aclose(self) -> None:
         if not self._closed:

@@ -32,7 +32,7 @@ from ahocorasick_rs import MATCHKIND_LEFTMOST_FIRST, BytesAhoCorasick
 
 from gateways.secret_forms import FAMILIES, JSON_FAMILY, Anchor, Text, forms, texts
 from gateways.spliced_regex import alternation, concatenation
-from gateways.text_regex import compile_text
+from gateways.text_regex import Lead, compile_text
 
 __all__ = ["MARKER", "MIN_SECRET_LENGTH", "Redactor", "StreamRedactor", "forms"]
 
@@ -56,6 +56,7 @@ class _Matcher:
     marker: bytes  # MARKER, in the text's own encoding (UTF-16/32)
     head: bytes  # a match extends back over any suffix of this (a partial echo's earlier part)
     fixed: bool  # no optional tail and no folding: a whole occurrence cannot grow
+    leads: tuple[Lead, ...]  # ``prefix`` by its first byte
 
 
 @functools.lru_cache(maxsize=64)  # a rotation recompiles only the new secret's texts
@@ -65,7 +66,7 @@ def _matcher(text: Text) -> tuple[_Matcher, frozenset[Anchor], frozenset[int]]:
     # spliced from cached per-character pieces: a new secret costs milliseconds (spliced_regex.py)
     matcher = _Matcher(concatenation(compiled.full_pieces), concatenation(compiled.prefix_pieces),
                        compiled.prefix_pieces, compiled.longest, marker, text.head,
-                       not text.tail and not text.fold)
+                       not text.tail and not text.fold, compiled.leads)
     return matcher, compiled.anchors, compiled.alphabet
 
 
@@ -108,13 +109,14 @@ class Redactor:
             alphabet |= text_alphabet
         yield
         self.texts = len(self._matchers)
-        self._any_prefix = alternation([m.prefix_pieces for m in self._matchers])
-        yield
         self.longest = max((m.longest for m in self._matchers), default=0)
         self.alphabet = bytes(sorted(alphabet))  # every byte any occurrence can hold
-        # 0 for alphabet bytes, 1 for the rest: one translate + rfind finds the last byte no
-        # occurrence can hold (bytes.rstrip(chars) costs a memchr per byte)
-        self._outside = bytes(0 if b in alphabet else 1 for b in range(256))
+        # 2 for the bytes no occurrence can hold, 1 for those one can start with, 0 for the rest:
+        # one translate, then rfind finds the last byte outside the alphabet and find the first
+        # possible start after it (bytes.rstrip(chars) costs a memchr per byte)
+        starts = {byte for m in self._matchers for byte, _, _ in m.leads}
+        self._classes = bytes(2 if b not in alphabet else 1 if b in starts else 0 for b in range(256))
+        self._held = _held_patterns(self._matchers)
         # One automaton per escape family, searched only when the first byte of its introducer
         # occurs (a memchr): the always-on one stays small (a few verbatim anchors), so it runs as
         # Teddy. Each pattern carries the texts to verify around a hit of it.
@@ -213,13 +215,23 @@ class Redactor:
         if not self._matchers:
             return 0
         low = max(0, len(data) - self.longest)
-        # an occurrence is made of alphabet bytes only: look no further back than the last other byte
-        start = low + data[low:].translate(self._outside).rfind(1) + 1
-        if start == len(data):
+        # an occurrence is made of alphabet bytes only: look no further back than the last other
+        # byte, and no further back than the first byte one can start with after it
+        classes = data[low:].translate(self._classes)
+        first = classes.find(1, classes.rfind(2) + 1)
+        if first < 0:
             return 0
-        # one search of all the texts' prefix patterns: the leftmost start is the earliest
-        m = self._any_prefix.search(data, start, len(data))
-        return len(data) - m.start() if m is not None else 0
+        # the leftmost start of any text's prefix, each group searched only as far back as its
+        # texts' occurrences reach (the longest groups first: each later one starts further on)
+        start = low + first
+        best = len(data)
+        for reach, pattern in self._held:
+            lo = max(start, len(data) - reach)
+            if lo >= best:
+                break
+            if (m := pattern.search(data, lo)) is not None:
+                best = min(best, m.start())
+        return len(data) - best
 
     def can_grow(self, data: bytes) -> bool:
         """Whether ``data`` followed by one more byte could still begin an occurrence: false for a
@@ -227,6 +239,37 @@ class Redactor:
         if any(m.fixed and m.full.fullmatch(data) for m in self._matchers):
             return False
         return any(m.prefix.match(data + bytes((c,))) for c in self.alphabet for m in self._matchers)
+
+
+def _held_patterns(matchers: list[_Matcher]) -> list[tuple[int, re.Pattern[bytes]]]:
+    """The texts' prefix patterns for ``held_suffix``, grouped by how far back their occurrences
+    reach (within a power of two), longest first. In a group, one alternation whose branches each
+    start with a literal byte and a check of the byte after it (the union over the group's texts
+    that start with that byte), then one text's rest: the search skips in C every position no
+    occurrence can start at, and checks the next byte before trying any text (an alternation of
+    whole prefix patterns does neither: ~100x slower on a run of a letter that starts a text).
+    Spliced from cached pieces (``spliced_regex``), as every other pattern of a secret."""
+    groups: dict[int, tuple[list[int], dict[int, tuple[frozenset[int] | None, list[tuple[bytes, ...]]]]]] = {}
+    for matcher in matchers:
+        reaches, by_byte = groups.setdefault(matcher.longest.bit_length(), ([], {}))
+        reaches.append(matcher.longest)
+        for byte, follow, after in matcher.leads:
+            then, afters = by_byte.get(byte, (frozenset(), []))
+            by_byte[byte] = (None if then is None or follow is None else then | follow, [*afters, after])
+    return [(max(reaches), _spliced([(_lead(byte, then), *after)
+                                     for byte, (then, afters) in sorted(by_byte.items()) for after in afters]))
+            for _, (reaches, by_byte) in sorted(groups.items(), reverse=True)]
+
+
+def _spliced(branches: list[tuple[bytes, ...]]) -> re.Pattern[bytes]:
+    return concatenation(branches[0]) if len(branches) == 1 else alternation(branches)
+
+
+def _lead(byte: int, then: frozenset[int] | None) -> bytes:
+    """``byte`` and a check of the byte after it (or the end): one piece, shared by every build."""
+    escaped = b"".join(re.escape(bytes((b,))) for b in sorted(then or ()))
+    check = b"" if then is None else b"(?=[" + escaped + b"]|\\Z)" if then else b"\\Z"
+    return re.escape(bytes((byte,))) + check
 
 
 def _with_hidden(masks: list[int], patterns: list[bytes]) -> list[int]:
@@ -268,8 +311,9 @@ class StreamRedactor:
     def feed(self, chunk: bytes) -> bytes:
         return self._process(self._carry + chunk if self._carry else chunk, final=False)
 
-    def finish(self) -> bytes:
-        return self._process(self._carry, final=True)
+    def finish(self, last: bytes = b"") -> bytes:
+        """The rest of the body, ``last`` its final piece (if any)."""
+        return self._process(self._carry + last, final=True)
 
     def _process(self, data: bytes, final: bool) -> bytes:
         if not data:

@@ -111,14 +111,15 @@ class SseRedactor:
             self._streams = {key: stream for key, stream in self._streams.items() if stream.text}
         return self._release()
 
-    def finish(self) -> bytes:
+    def finish(self, last: bytes = b"") -> bytes:
+        released = self.feed(last) if last else b""
         if self._buffer:  # an unterminated last event: clients drop it, but it is sent redacted
             self._add(self._buffer)
             self._buffer = b""
         for stream in self._streams.values():
             spans = self._r._spans(stream.text)
             self._settle(stream, spans, len(stream.text))
-        return self._release()
+        return released + self._release()
 
     def _add(self, raw: bytes) -> None:
         event = _parse(raw, self._lines)

@@ -51,9 +51,13 @@ async def exchange(gw: Gateway, ex: Exchange, address: str, raw_target: bytes) -
         await ex.send({"type": "http.response.start", "status": response.status, "headers": headers})
         ex.response_started = True
         await _send_body(ex, stream.feed(first))
-        async for piece in body:
-            await _send_body(ex, stream.feed(piece))
-        await _send_body(ex, stream.finish(), more=False)
+        last = b""
+        async for piece in body:  # read to its end: leaving an async generator early costs a task
+            if not decoder and response.complete:  # nothing follows: no suffix to hold back
+                last += piece
+            else:
+                await _send_body(ex, stream.feed(piece))
+        await _send_body(ex, stream.finish(last), more=False)
     finally:
         ex.record.redactions = header_redactions + (stream.count if stream else 0)
         await response.aclose()

@@ -18,6 +18,7 @@ from gateways.secret_forms import (
     Anchor,
     Atom,
     Text,
+    Unit,
     units_of,
 )
 from gateways.spliced_regex import Unique
@@ -25,9 +26,17 @@ from gateways.spliced_regex import Unique
 _GAP = rb"(?:[ \t\r\n]|\\[nrt]|%%0[aAdD9]|%%20){0,%d}" % FOLD_GAP
 _HEX_GAP = _GAP.replace(b"[ ", b"[: ", 1)  # hex also in colon-separated pairs (fingerprints)
 _GAP_BYTES = frozenset(b" \t\r\n\\nrt%0aAdD92:")
+_GAP_FIRST = frozenset(b" \t\r\n\\%")  # the bytes a gap can start with
+_HEX_GAP_FIRST = _GAP_FIRST | {ord(":")}
 _GAP_LONGEST = 3 * FOLD_GAP
 # every proper prefix of every way of writing one character: a UTF-8 lead, or an unfinished escape
 ANY_PARTIAL = rb"(?:[\x80-\xff]{1,3}|[%&\\][#%0-9A-Za-z\\]{0,40})"
+_PARTIAL_FIRST = frozenset(range(0x80, 0x100)).union(b"%&\\")
+
+# a byte a prefix can start with, the bytes that can follow it short of the end (None: any), and
+# the regex of the rest of the prefix after it
+Follow = frozenset[int] | None
+Lead = tuple[int, Follow, tuple[bytes, ...]]
 
 
 @dataclass(frozen=True)
@@ -38,6 +47,7 @@ class Compiled:
     # compiles a piece once, whichever secret it is part of)
     full_pieces: tuple[bytes, ...] = field(repr=False)  # a whole occurrence
     prefix_pieces: tuple[bytes, ...] = field(repr=False)  # a nonempty prefix up to the data's end
+    leads: tuple[Lead, ...] = field(repr=False)  # ``prefix`` by its first byte (``_leads_of``)
     anchors: frozenset[Anchor] = field(repr=False)  # every occurrence contains one of these
     alphabet: frozenset[int]  # every byte of every occurrence is one of these
     longest: int  # bytes in the longest possible occurrence
@@ -97,6 +107,51 @@ def _partial(node: _Node) -> bytes:
     return parts[0] if len(parts) == 1 else b"(?:" + b"|".join(parts) + b")"
 
 
+@functools.lru_cache(maxsize=4096)
+def _leads(alternatives: tuple[Alternative, ...]) -> tuple[tuple[int, Follow, bool, bytes], ...]:
+    """For each byte a unit can start with: the bytes that can follow it inside the unit (None: any),
+    whether the unit can end there, and the regex of the rest of the unit after it — whole, or
+    partly with the data ending there."""
+    peeled: dict[int, list[Alternative]] = {}
+    for (chars, low, high), *rest in alternatives:
+        if low < 1:  # secret_forms starts every way of writing a character with a required byte
+            raise ValueError("a unit's first atom must be required")
+        left: Alternative = ((chars, low - 1, high - 1),) if high > 1 else ()
+        for byte in chars:
+            peeled.setdefault(byte, []).append(left + tuple(rest))
+    out = []
+    for byte, alts in sorted(peeled.items()):
+        node = _trie(tuple(alts))
+        partly = b"(?:" + _partial(node) + b")?" if node.children else b""
+        inner = None if any(low == 0 for _, low, _ in node.children) else \
+            frozenset(b for chars, _, _ in node.children for b in chars)
+        out.append((byte, inner, node.end, b"(?:" + _full(node) + b"|" + partly + b"\\Z)"))
+    return tuple(out)
+
+
+def _union(one: frozenset[int] | None, other: frozenset[int] | None) -> frozenset[int] | None:
+    return None if one is None or other is None else one | other
+
+
+def _leads_of(required: list[Unit], tail: list[Unit], gap: bytes, rest: tuple[bytes, ...]) -> tuple[Lead, ...]:
+    """The prefix pattern by its first byte (``rest``: the pieces after the first unit). A
+    redactor groups every text's prefix by first byte into one alternation whose branches start
+    with their literal and check the byte after it: ``re`` then skips in C every position no
+    occurrence can start at (a prefix pattern that starts with a group gives it no first byte)."""
+    following = (required[1:] + tail)[:1]
+    then = _first_bytes(following[0], gap) if following else frozenset()
+    return tuple((b, _union(inner, then) if ends else inner, (after, *rest))
+                 for b, inner, ends, after in _leads(required[0].alternatives))
+
+
+def _first_bytes(unit: Unit, gap: bytes) -> frozenset[int] | None:
+    """The bytes ``(?:gap(?:unit|ANY_PARTIAL\\Z|\\Z))`` can start with, short of the end (None: any)."""
+    if any(low == 0 for (_, low, _), *_ in unit.alternatives):
+        return None
+    found = _PARTIAL_FIRST.union(*(chars for (chars, _, _), *_ in unit.alternatives))
+    return found | (_HEX_GAP_FIRST if gap == _HEX_GAP else _GAP_FIRST if gap else frozenset())
+
+
 def compile_text(text: Text) -> Compiled:
     required, tail = text.units()
     head = units_of(text.head, "none")  # verbatim: the redactor extends a match back into it
@@ -123,6 +178,7 @@ def compile_text(text: Text) -> Compiled:
     units = head + required + tail
     return Compiled(
         full_pieces=tuple(full), prefix_pieces=(*prefix, b"\\Z"), anchors=frozenset(anchors),
+        leads=_leads_of(required, tail, gap, (*prefix[1:], b"\\Z")),
         alphabet=frozenset(b for a in alts for atom in a for b in atom[0]).union(
             _GAP_BYTES if text.fold else ()),
         longest=sum(max(sum(atom[2] for atom in a) for a in u.alternatives) for u in units)

@@ -5,19 +5,26 @@
 Before anything is dialled the ClientHello must arrive whole within the hello timeout and name the
 CONNECT host (``sni_missing``, ``sni_mismatch``, ``client_hello_invalid``,
 ``client_hello_timeout``: the connection is closed, nothing went upstream). Then the pinned
-address is dialled, the ClientHello sent on, and the two connections spliced with flow control
-(a side whose peer cannot keep up stops being read). The tunnel ends when either side closes, or
-when its run is revoked (the revocation watcher cancels the task holding it).
+address is dialled, the ClientHello sent on, and from there the kernel relays the bytes
+(``proxy/splice.py``: socket → pipe → socket, never copied into Python; asyncio protocols where
+``splice`` is missing), with flow control (a side whose peer cannot keep up stops being read)
+and at most a pipe's worth of bytes in flight each way. A side's end of stream half-closes the
+other; the tunnel ends when both directions have ended or a side fails, when the run's token
+expires, or when its run is revoked (the revocation watcher cancels the task holding it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 from contract.errors import BadRequest, GatewayTimeout, Reason, TokenInvalid, UpstreamError
 from gateways.audit import AuditRecord
+from proxy import splice
 from proxy.clienthello import server_name
 from proxy.connect import Admission
 from proxy.hub import Hub
@@ -134,22 +141,25 @@ async def tunnel(hub: Hub, admission: Admission, client: asyncio.Transport, firs
     client.set_protocol(near)
     client.resume_reading()
     upstream: asyncio.Transport | None = None
+    sockets: list[socket.socket] = []
+    relay: splice.Relay | None = None
     try:
         await read_hello(near, admission.route.host, hub.settings.hello_timeout)
         dial = hub.settings.connect_to.get((admission.route.host, admission.route.port))
         port = dial[1] if dial else admission.route.port
-        far = _Side(done, received)
-        try:
-            async with asyncio.timeout(hub.settings.gateway.connect_timeout):
-                upstream, _ = await loop.create_connection(lambda: far, admission.target.address, port)
-        except TimeoutError:
-            raise GatewayTimeout("the destination did not accept a connection in time",
-                                 Reason.UPSTREAM_CONNECT_TIMEOUT) from None
-        except OSError:
-            raise UpstreamError("the destination refused the connection",
-                                Reason.UPSTREAM_UNREACHABLE) from None
-        near.peer, far.peer = far, near
-        upstream.write(bytes(near.pending))
+        within = hub.settings.gateway.connect_timeout
+        if splice.AVAILABLE and not client.get_write_buffer_size():
+            client.pause_reading()  # what arrives meanwhile waits in the kernel for the relay
+            sockets.append(await _dial(loop, admission.target.address, port, within))
+            sockets.insert(0, _detach(client))
+            await loop.sock_sendall(sockets[1], bytes(near.pending))
+            relay = splice.Relay(loop, sockets[0], sockets[1], sent, received)
+            done = relay.done
+        else:
+            far = _Side(done, received)
+            upstream = await _connect(loop, lambda: far, admission.target.address, port, within)
+            near.peer, far.peer = far, near
+            upstream.write(bytes(near.pending))
         near.pending.clear()
         record.status = 200
         untrack = hub.base.revocations.track(admission.claims, admission.route.name)
@@ -163,7 +173,54 @@ async def tunnel(hub: Hub, admission: Admission, client: asyncio.Transport, firs
             untrack()
     finally:
         record.bytes_in, record.bytes_out = sent[0], received[0]
+        if relay is not None:
+            relay.close()
         client.close()
+        for sock in sockets:
+            sock.close()
         if upstream is not None:
             upstream.close()
 
+
+def _detach(transport: asyncio.Transport) -> socket.socket:
+    """The client's socket, taken from its transport for the kernel relay: a duplicate descriptor,
+    then the transport is aborted (it closes only its own descriptor; its buffer is empty)."""
+    raw = transport.get_extra_info("socket")
+    sock = socket.socket(fileno=os.dup(raw.fileno()))
+    sock.setblocking(False)
+    transport.set_protocol(asyncio.Protocol())  # nothing listens to the old transport's end
+    transport.abort()
+    return sock
+
+
+async def _dial(loop: asyncio.AbstractEventLoop, address: str, port: int, within: float) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        async with asyncio.timeout(within):
+            await loop.sock_connect(sock, (address, port))
+    except TimeoutError:
+        sock.close()
+        raise GatewayTimeout("the destination did not accept a connection in time",
+                             Reason.UPSTREAM_CONNECT_TIMEOUT) from None
+    except OSError:
+        sock.close()
+        raise UpstreamError("the destination refused the connection", Reason.UPSTREAM_UNREACHABLE) from None
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def _connect(loop: asyncio.AbstractEventLoop, factory: Callable[[], asyncio.Protocol], address: str,
+                   port: int, within: float) -> asyncio.Transport:
+    try:
+        async with asyncio.timeout(within):
+            transport, _ = await loop.create_connection(factory, address, port)
+    except TimeoutError:
+        raise GatewayTimeout("the destination did not accept a connection in time",
+                             Reason.UPSTREAM_CONNECT_TIMEOUT) from None
+    except OSError:
+        raise UpstreamError("the destination refused the connection", Reason.UPSTREAM_UNREACHABLE) from None
+    return transport

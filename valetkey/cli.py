@@ -2,24 +2,48 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 
 import click
 
 from policies.load import PolicyLoadError, load_policy_dir
-from valetkey.admin_cli import COMMANDS as ADMIN_COMMANDS
-from valetkey.approvals_cli import approvals_group
-from valetkey.broker_cli import broker_group, keys_group, run_group
 from valetkey.cli_support import CONTEXT
-from valetkey.dev.command import dev_command
-from valetkey.gateway_cli import gateway_group
-from valetkey.proxy_cli import proxy_group
-from valetkey.secret_cli import secret_group
-from valetkey.selftest import selftest_command
+
+# Each command's module is imported when that command runs: a gateway or proxy process started as
+# ``valetkey gateway serve`` does not carry the dev stack, the admin and broker clients (hvac,
+# requests) in its memory (~8 MB of an idle gateway's RSS, docs/benchmarks.md table 6).
+COMMANDS = {
+    "broker": "valetkey.broker_cli:broker_group",
+    "run": "valetkey.broker_cli:run_group",
+    "keys": "valetkey.broker_cli:keys_group",
+    "gateway": "valetkey.gateway_cli:gateway_group",
+    "proxy": "valetkey.proxy_cli:proxy_group",
+    "secret": "valetkey.secret_cli:secret_group",
+    "dev": "valetkey.dev.command:dev_command",
+    "selftest": "valetkey.selftest:selftest_command",
+    "approvals": "valetkey.approvals_cli:approvals_group",
+    "revoke": "valetkey.admin_cli:revoke_command",
+    "revocations": "valetkey.admin_cli:revocations_command",
+    "audit": "valetkey.admin_cli:audit_group",
+}
 
 
-@click.group(context_settings=CONTEXT)
+class _Commands(click.Group):
+    """``COMMANDS`` loaded by name when asked for (help lists them all)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in COMMANDS and cmd_name not in self.commands:
+            module, _, attr = COMMANDS[cmd_name].partition(":")
+            self.add_command(getattr(importlib.import_module(module), attr), cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_Commands, context_settings=CONTEXT)
 @click.version_option(package_name="valetkey", prog_name="valetkey", message="%(prog)s %(version)s")
 def main() -> None:
     """valetkey: keep real credentials out of agent sandboxes."""
@@ -119,10 +143,6 @@ def vault_bootstrap(policy_dir: Path | None, hcl_dir: Path | None) -> None:
     for line in report.lines():
         click.echo(line)
 
-
-for command in (broker_group, run_group, keys_group, gateway_group, proxy_group, secret_group, dev_command,
-                selftest_command, approvals_group, *ADMIN_COMMANDS):
-    main.add_command(command)
 
 if __name__ == "__main__":
     main()

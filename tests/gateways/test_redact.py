@@ -74,3 +74,14 @@ def test_repr_never_shows_the_secret() -> None:
     assert secret.decode() not in repr(redactor)
     assert all(secret.decode() not in repr(t) for t in texts(secret))
     assert secret.decode() not in repr(compile_text(texts(secret)[0]))
+
+
+@pytest.mark.parametrize("cut", [0, 1, 7, 20, 33, 60])
+def test_a_last_piece_given_to_finish_is_redacted_as_the_end_of_the_body(cut: int) -> None:
+    """The gateway hands the body's final piece to ``finish`` (no suffix held back for it): the
+    output is the whole body's redaction wherever the previous piece ended."""
+    secret = b"sk-test-0123456789abcdefghij"
+    redactor = Redactor([secret])
+    body = b'{"echo": "' + secret + b'", "b64": "' + sorted(forms(secret))[0] + b'"}'
+    stream = redactor.stream()
+    assert stream.feed(body[:cut]) + stream.finish(body[cut:]) == redactor.redact(body)[0]

@@ -15,6 +15,7 @@ import httpx
 import pytest
 import redis
 
+from proxy import splice
 from tests.proxy.conftest import API, DOCS, META, TUN, ProxyStack, basic, connect_raw, json_body
 
 
@@ -55,7 +56,10 @@ def test_destination_terminated_checks_purpose(proxy_stack: ProxyStack) -> None:
     assert refused.json()["error"] == "purpose_not_granted"
 
 
-def test_tunnel_passes_bytes(proxy_stack: ProxyStack) -> None:
+@pytest.mark.parametrize("kernel_relay", [pytest.param(True, id="splice"), pytest.param(False, id="protocols")])
+def test_tunnel_passes_bytes(proxy_stack: ProxyStack, monkeypatch: pytest.MonkeyPatch, kernel_relay: bool) -> None:
+    """Both relays: splice(2) where Linux has it, asyncio protocols elsewhere."""
+    monkeypatch.setattr(splice, "AVAILABLE", kernel_relay and splice.AVAILABLE)
     _, _, proxy_token = proxy_stack.mint(["tun/connect"])
     context = ssl.create_default_context(cafile=str(proxy_stack.upstream_ca))  # the real server's CA
     with httpx.Client(proxy=proxy_stack.proxy_url(proxy_token), verify=context) as client:
