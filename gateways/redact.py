@@ -32,7 +32,7 @@ from ahocorasick_rs import MATCHKIND_LEFTMOST_FIRST, BytesAhoCorasick
 
 from gateways.secret_forms import FAMILIES, JSON_FAMILY, Anchor, Text, forms, texts
 from gateways.spliced_regex import alternation, concatenation
-from gateways.text_regex import Lead, compile_text
+from gateways.text_regex import Follow, Lead, compile_text
 
 __all__ = ["MARKER", "MIN_SECRET_LENGTH", "Redactor", "StreamRedactor", "forms"]
 
@@ -51,7 +51,6 @@ Span = tuple[int, int, bytes]  # start, end, the marker that replaces it
 class _Matcher:
     full: re.Pattern[bytes]
     prefix: re.Pattern[bytes]
-    prefix_pieces: tuple[bytes, ...]
     longest: int
     marker: bytes  # MARKER, in the text's own encoding (UTF-16/32)
     head: bytes  # a match extends back over any suffix of this (a partial echo's earlier part)
@@ -65,7 +64,7 @@ def _matcher(text: Text) -> tuple[_Matcher, frozenset[Anchor], frozenset[int]]:
     marker = MARKER.decode().encode(text.encoding) if text.encoding else MARKER
     # spliced from cached per-character pieces: a new secret costs milliseconds (spliced_regex.py)
     matcher = _Matcher(concatenation(compiled.full_pieces), concatenation(compiled.prefix_pieces),
-                       compiled.prefix_pieces, compiled.longest, marker, text.head,
+                       compiled.longest, marker, text.head,
                        not text.tail and not text.fold, compiled.leads)
     return matcher, compiled.anchors, compiled.alphabet
 
@@ -116,7 +115,11 @@ class Redactor:
         # possible start after it (bytes.rstrip(chars) costs a memchr per byte)
         starts = {byte for m in self._matchers for byte, _, _ in m.leads}
         self._classes = bytes(2 if b not in alphabet else 1 if b in starts else 0 for b in range(256))
-        self._held = _held_patterns(self._matchers)
+        self._held: list[tuple[int, re.Pattern[bytes]]] = []
+        for reach, branches in _held_groups(self._matchers):
+            yield
+            self._held.append((reach, _spliced(branches)))
+        yield
         # One automaton per escape family, searched only when the first byte of its introducer
         # occurs (a memchr): the always-on one stays small (a few verbatim anchors), so it runs as
         # Teddy. Each pattern carries the texts to verify around a hit of it.
@@ -241,23 +244,23 @@ class Redactor:
         return any(m.prefix.match(data + bytes((c,))) for c in self.alphabet for m in self._matchers)
 
 
-def _held_patterns(matchers: list[_Matcher]) -> list[tuple[int, re.Pattern[bytes]]]:
+def _held_groups(matchers: list[_Matcher]) -> list[tuple[int, list[tuple[bytes, ...]]]]:
     """The texts' prefix patterns for ``held_suffix``, grouped by how far back their occurrences
-    reach (within a power of two), longest first. In a group, one alternation whose branches each
-    start with a literal byte and a check of the byte after it (the union over the group's texts
-    that start with that byte), then one text's rest: the search skips in C every position no
-    occurrence can start at, and checks the next byte before trying any text (an alternation of
-    whole prefix patterns does neither: ~100x slower on a run of a letter that starts a text).
-    Spliced from cached pieces (``spliced_regex``), as every other pattern of a secret."""
-    groups: dict[int, tuple[list[int], dict[int, tuple[frozenset[int] | None, list[tuple[bytes, ...]]]]]] = {}
+    reach (within a power of two), longest first: how far back, and the branches of the group's
+    alternation. Each branch starts with a literal byte and a check of the byte after it (the
+    union over the group's texts that start with that byte), then one text's rest: the search
+    skips in C every position no occurrence can start at, and checks the next byte before trying
+    any text (an alternation of whole prefix patterns does neither: ~100x slower on a run of a
+    letter that starts a text). Spliced from cached pieces (``spliced_regex``), one group a step."""
+    groups: dict[int, tuple[list[int], dict[int, tuple[Follow, list[tuple[bytes, ...]]]]]] = {}
     for matcher in matchers:
         reaches, by_byte = groups.setdefault(matcher.longest.bit_length(), ([], {}))
         reaches.append(matcher.longest)
         for byte, follow, after in matcher.leads:
             then, afters = by_byte.get(byte, (frozenset(), []))
             by_byte[byte] = (None if then is None or follow is None else then | follow, [*afters, after])
-    return [(max(reaches), _spliced([(_lead(byte, then), *after)
-                                     for byte, (then, afters) in sorted(by_byte.items()) for after in afters]))
+    return [(max(reaches), [(_lead(byte, then), *after)
+                            for byte, (then, afters) in sorted(by_byte.items()) for after in afters])
             for _, (reaches, by_byte) in sorted(groups.items(), reverse=True)]
 
 

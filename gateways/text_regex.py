@@ -133,7 +133,8 @@ def _union(one: frozenset[int] | None, other: frozenset[int] | None) -> frozense
     return None if one is None or other is None else one | other
 
 
-def _leads_of(required: list[Unit], tail: list[Unit], gap: bytes, rest: tuple[bytes, ...]) -> tuple[Lead, ...]:
+def _leads_of(required: list[Unit], tail: list[Unit], gap: bytes,
+              rest: tuple[bytes, ...]) -> tuple[Lead, ...]:
     """The prefix pattern by its first byte (``rest``: the pieces after the first unit). A
     redactor groups every text's prefix by first byte into one alternation whose branches start
     with their literal and check the byte after it: ``re`` then skips in C every position no
