@@ -2,7 +2,10 @@
 
 Redis is the truth for revocations while it has its data; this keeps a copy where a flush, a
 restart without persistence or a failover to an empty replica cannot reach it: one KV v2 entry per
-record, ``secret/valetkey/revocations/<field>`` (``{"record": <the JSON record>}``).
+record, ``secret/valetkey/revocations/<entry>`` (``{"record": <the JSON record>}``). The entry is
+the record's field (``run:<id>``…) when it is a plain path segment, else ``~`` and the field in
+base64url: a revoked name is whatever an admin typed (``/``, ``..``, control characters), and it
+must neither reach another KV path nor fail the request (``entry``/``field_of``).
 
 * Every revocation and lift the broker makes is saved at once (``save``; best effort: if Vault is
   down the next sync saves it).
@@ -25,8 +28,11 @@ to start the new generation wins (``SET NX``).
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import json
 import logging
+import re
 import time
 from collections.abc import Callable
 
@@ -50,6 +56,26 @@ from contract.vault import VaultClient
 log = logging.getLogger("valetkey.broker")
 MOUNT = "secret"
 PREFIX = "valetkey/revocations"
+_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}")  # one path segment, never . or ..
+ENCODED = "~"  # not a scope's first letter: an encoded entry never looks like a plain field
+
+
+def entry(field: str) -> str:
+    """The KV entry name of a record's field: the field itself, or ``~`` + base64url of it."""
+    if _PLAIN.fullmatch(field):
+        return field
+    return ENCODED + base64.urlsafe_b64encode(field.encode("utf-8", "surrogatepass")).decode().rstrip("=")
+
+
+def field_of(name: str) -> str | None:
+    """The field an entry name stands for (None: not one this keeper wrote)."""
+    if not name.startswith(ENCODED):
+        return name
+    text = name[len(ENCODED):]
+    try:
+        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode("utf-8", "surrogatepass")
+    except (binascii.Error, ValueError):
+        return None
 CHECK_EVERY = 0.5
 SYNC_EVERY = 5.0
 START_TIMEOUT = 10.0
@@ -125,7 +151,7 @@ class RevocationKeeper:
             if record is None:
                 continue
             if expired(record, now) or self._out_of_policy(record, now):
-                await self._vault.kv_delete(MOUNT, f"{PREFIX}/{field}")
+                await self._vault.kv_delete(MOUNT, f"{PREFIX}/{entry(field)}")
                 self._saved.pop(field, None)
             elif field not in present:
                 missing[field] = text
@@ -141,15 +167,18 @@ class RevocationKeeper:
                 and max(record.when, record.lifted_at) + UNKNOWN_GRACE < now)
 
     async def _put(self, field: str, text: str) -> None:
-        await self._vault.kv_put(MOUNT, f"{PREFIX}/{field}", {"record": text})
+        await self._vault.kv_put(MOUNT, f"{PREFIX}/{entry(field)}", {"record": text})
         self._saved[field] = text
 
     async def _load_saved(self) -> dict[str, str]:
         """Every unexpired record in Vault (field → JSON); also what this broker knows is saved."""
         now = time.time()
         out: dict[str, str] = {}
-        for field in await self._vault.kv_list(MOUNT, PREFIX):
-            data = await self._vault.kv_get(MOUNT, f"{PREFIX}/{field}")
+        for name in await self._vault.kv_list(MOUNT, PREFIX):
+            field = field_of(name)
+            if field is None:
+                continue
+            data = await self._vault.kv_get(MOUNT, f"{PREFIX}/{name}")
             text = data.get("record") if data else None
             record = _record(field, text) if isinstance(text, str) else None
             if record is None or not isinstance(text, str):

@@ -102,9 +102,10 @@ class RunCredentials(Generic[F]):
                 return await asyncio.shield(task)
             return held  # the refresh failed: what is still valid serves until it expires
         if held is not None and not same:
-            # issued ahead from the run's record, which differs from its token: issue for the token
+            # issued for other grants (ahead, from the run's record): issue for this token; the
+            # old one is revoked after the grace, as a refresh does (a request may be using it)
             del self._held[key]
-            self._spawn(self._revoke(key, held.credential))
+            self._spawn(self._revoke(key, held.credential, after=REPLACED_GRACE))
         if key in self._ended:
             raise TokenInvalid("the run has ended", check="revoked", reason=Reason.TOKEN_REVOKED)
         task = self._pending.get(key) or self._start(key, self._issue(key, claims))
@@ -112,6 +113,14 @@ class RunCredentials(Generic[F]):
         if not self.source.shared and _grants(held.claims) != _grants(claims):
             return await self.get(claims)  # it was issued ahead for other grants: replaced above
         return held
+
+    async def warm(self, claims: AccessClaims) -> None:
+        """Issue ahead (the prewarm, from the run's record), only when nothing is held or being
+        issued for the run: a request's own issuance is never displaced by a late record."""
+        key = self._key(claims)
+        if key in self._held or key in self._pending or key in self._ended:
+            return
+        await self.get(claims)
 
     async def refresh_now(self, claims: AccessClaims, failed: IssuedCredential) -> Held[F]:
         """After the upstream refused ``failed`` as expired: a new one, once (another request that

@@ -91,7 +91,7 @@ class Prewarm:
     async def _warm(self, claims: AccessClaims) -> None:
         async with self._slots:
             try:
-                await self._credentials.get(claims)
+                await self._credentials.warm(claims)
             except ValetkeyError as exc:  # counted by the cache; the first request will try again
                 log.info('{"event":"credential_prewarm_failed","run":"%s","reason":"%s"}',
                          claims.sub, exc.code)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from broker.revocation_keeper import MOUNT, PREFIX, RevocationKeeper
+from broker.revocation_keeper import MOUNT, PREFIX, RevocationKeeper, entry, field_of
 from contract import generation, keys
 from contract.errors import Reason, Unavailable
 from contract.revocations import HASH, RevocationStore, Scope, new_revocation
@@ -107,5 +107,44 @@ def test_upgrade_restores_the_hash_under_its_old_name(bootstrapped_vault: Any, r
         finally:
             await vault.aclose()
             await client.aclose()
+
+    asyncio.run(scenario())
+
+
+HOSTILE_NAMES = [
+    pytest.param("../../other/path", id="dot-segments"),
+    pytest.param("a/b", id="slash"),
+    pytest.param("\x1b[31mred\x00", id="control-characters"),
+    pytest.param("\U0007f45dFG\u00b6.\u0090", id="astral-and-c1"),  # what the fuzzer sent (500 before)
+    pytest.param("naïve ✓ #?%", id="unicode-and-url-syntax"),
+    pytest.param("~" + "A" * 40, id="looks-encoded"),
+    pytest.param("x" * 300, id="long"),
+]
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+def test_any_revoked_name_is_saved_and_restored(bootstrapped_vault: Any, redis_url: str, name: str) -> None:
+    """A revoked name is what an admin typed: it reaches no other KV path, fails nothing, and
+    comes back from Vault into an emptied Redis unchanged."""
+    async def scenario() -> None:
+        client = aioredis.Redis.from_url(redis_url)
+        vault = VaultClient(bootstrapped_vault.addr, Secret(bootstrapped_vault.broker_token))
+        keeper = RevocationKeeper(client, vault)
+        try:
+            await client.flushall()
+            await keeper.check()
+            record = new_revocation(Scope.RUN, name, "admin", "hostile name")
+            await RevocationStore(client).put(record)
+            await keeper.save(record)
+            assert field_of(entry(record.key)) == record.key
+            assert await vault.kv_get(MOUNT, f"{PREFIX}/{entry(record.key)}") is not None
+            await client.flushall()
+            await keeper.check()
+            restored = await client.hget(HASH, record.key)
+            assert restored is not None
+        finally:
+            await vault.kv_delete(MOUNT, f"{PREFIX}/{entry(record.key)}")
+            await client.aclose()
+            await vault.aclose()
 
     asyncio.run(scenario())

@@ -169,6 +169,12 @@ class ProxyStack:
     def run_audit(self, run_id: str, count: int = 1, timeout: float = 10.0) -> list[dict[str, Any]]:
         return self.audit(lambda line: line.get("run") == run_id, count, timeout)
 
+    def named_audit(self, run_id: str, name: str, count: int = 1, timeout: float = 10.0) -> list[dict[str, Any]]:
+        """The run's audit lines about upstream or destination ``name``, once ``count`` of them
+        have arrived (not ``count`` lines of the run: its other lines may come first)."""
+        return self.audit(lambda line: line.get("run") == run_id and name in (line.get("destination"),
+                                                                             line.get("upstream")), count, timeout)
+
     def request_line(self, request_id: str | None) -> dict[str, Any]:
         """The one request audit line (kind ``request``) of ``request_id``."""
         lines = self.audit(lambda x: x["_kind"] == "request" and x.get("request_id") == request_id)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import Ran, assert_never_saw, files_with, require_binary, run_client
-from tests.e2e.proxy.conftest import every_secret, names_destination, sandbox_for
+from tests.e2e.proxy.conftest import every_secret, sandbox_for
 from tests.support.package_index import GREETING, MODULE, PROJECT, WHEEL_PATH
 from tests.support.proxy_policies import MIRROR_HOST
 from tests.support.proxy_stack import ProxyStack
@@ -81,11 +81,11 @@ def test_curl_terminated_destination_and_placeholder(stack: ProxyStack, tmp_path
     never_leaked(stack, box.env, index[0], repo[0], wheel[0])
     assert secret not in index[2] + repo[2]
 
-    lines = stack.run_audit(run_id, 3)
-    assert any(names_destination(x, "pypi") and x.get("decision") == "allow" for x in lines), lines
-    assert any(names_destination(x, "pythonhosted") and x.get("decision") == "allow" for x in lines), lines
-    assert any(names_destination(x, "github") and x.get("decision") == "allow" and x.get("status") == 200
-               for x in lines), lines
+    for name in ("pypi", "pythonhosted"):
+        lines = stack.named_audit(run_id, name)
+        assert any(x.get("decision") == "allow" for x in lines), lines
+    lines = stack.named_audit(run_id, "github")
+    assert any(x.get("decision") == "allow" and x.get("status") == 200 for x in lines), lines
 
 
 def test_curl_outside_host_refused(stack: ProxyStack, tmp_path: Path) -> None:
@@ -115,7 +115,7 @@ def test_curl_plain_http(stack: ProxyStack, tmp_path: Path) -> None:
     assert (refused[1], json.loads(refused[2])["error"]) == (403, "purpose_not_granted")
     assert [h.path for h in mirror.app.seen[before:]] == [f"/simple/{PROJECT}/"]
     assert not any(k == "proxy-authorization" for h in mirror.app.seen[before:] for k, _ in h.headers)
-    lines = [x for x in stack.run_audit(bundle["run_id"], 2) if names_destination(x, "mirror")]
+    lines = stack.named_audit(bundle["run_id"], "mirror", 2)
     assert sorted((x.get("decision"), x.get("reason")) for x in lines) == [
         ("allow", "ok"), ("deny", "purpose_not_granted")], lines
 
@@ -151,7 +151,7 @@ def test_git_clone_and_push(stack: ProxyStack, tmp_path: Path) -> None:
     assert all(s.header("authorization") == [basic] for s in seen)
     never_leaked(stack, box.env, *ran, roots=(box.home, work))
 
-    lines = [x for x in stack.run_audit(bundle["run_id"], 3) if names_destination(x, "github-git")]
+    lines = stack.named_audit(bundle["run_id"], "github-git", 3)
     allowed = {(x.get("method"), x.get("purpose")) for x in lines if x.get("decision") == "allow"}
     assert {("POST", "clone"), ("POST", "push")} <= allowed, lines
 
@@ -176,9 +176,9 @@ def test_pip_install_from_https_index(stack: ProxyStack, tmp_path: Path) -> None
     assert stack.upstreams["pythonhosted"].connections > files_before  # through the tunnel
     never_leaked(stack, box.env, ran)
 
-    lines = stack.run_audit(bundle["run_id"], 2)
-    assert any(names_destination(x, "pypi") and x.get("decision") == "allow" for x in lines), lines
-    assert any(names_destination(x, "pythonhosted") and x.get("decision") == "allow" for x in lines), lines
+    for name in ("pypi", "pythonhosted"):
+        lines = stack.named_audit(bundle["run_id"], name)
+        assert any(x.get("decision") == "allow" for x in lines), lines
 
 
 def test_httpx_trust_env(stack: ProxyStack, tmp_path: Path) -> None:
@@ -199,8 +199,7 @@ def test_httpx_trust_env(stack: ProxyStack, tmp_path: Path) -> None:
     never_leaked(stack, box.env, ran)
 
     request_ids = {v for k, v in result["issues"]["headers"].items() if k == "x-valetkey-request-id"}
-    lines = stack.run_audit(bundle["run_id"], 2)
-    assert any(names_destination(x, "github") and x.get("purpose") == "read_issues"
-               and x.get("decision") == "allow" for x in lines), lines
+    lines = stack.named_audit(bundle["run_id"], "github")
+    assert any(x.get("purpose") == "read_issues" and x.get("decision") == "allow" for x in lines), lines
     if request_ids:  # the gateway pipeline's request id, when the proxy passes it on
         assert any(x.get("request_id") in request_ids for x in lines)

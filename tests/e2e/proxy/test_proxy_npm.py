@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from tests.e2e.conftest import require_binary, run_client
-from tests.e2e.proxy.conftest import names_destination, sandbox_for
+from tests.e2e.proxy.conftest import sandbox_for
 from tests.support.npm_registry import NPM_GREETING, NPM_PACKAGE, NPM_VERSION, TARBALL_PATH
 from tests.support.proxy_stack import ProxyStack
 
@@ -42,7 +42,7 @@ def test_npm_install_through_proxy(stack: ProxyStack, tmp_path: Path) -> None:
     assert TARBALL_PATH in paths, paths
     # the proxy credential stays with the proxy: the registry never sees it
     assert not any(k == "proxy-authorization" for hit in registry.seen[before:] for k, _ in hit.headers)
-    lines = [x for x in stack.run_audit(bundle["run_id"], 3) if names_destination(x, "npm")]
+    lines = stack.named_audit(bundle["run_id"], "npm", 3)
     assert {(x.get("method"), x.get("path"), x.get("decision")) for x in lines} >= {
         ("GET", f"/{NPM_PACKAGE}", "allow"), ("GET", TARBALL_PATH, "allow")}, lines
 
@@ -58,7 +58,7 @@ def test_npm_outside_the_purpose_refused(stack: ProxyStack, tmp_path: Path) -> N
     assert pinged.returncode != 0
     assert "403" in pinged.output, pinged.output[-2000:]
     assert registry.seen[before:] == []
-    lines = [x for x in stack.run_audit(bundle["run_id"], 2) if names_destination(x, "npm")]
+    lines = stack.named_audit(bundle["run_id"], "npm", 2)
     # the CONNECT's line is written when its tunnel ends, after the request's
     assert sorted((x.get("method"), x.get("path"), x.get("decision"), x.get("reason")) for x in lines) == [
         ("CONNECT", "registry.npmjs.org:443", "allow", "ok"),

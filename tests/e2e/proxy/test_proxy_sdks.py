@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import assert_never_saw, run_client
-from tests.e2e.proxy.conftest import every_secret, names_destination, sandbox_for
+from tests.e2e.proxy.conftest import every_secret, sandbox_for
 from tests.support.proxy_stack import ProxyStack
 from valetkey.dev.demo import anthropic_like, openai_like
 
@@ -52,7 +52,7 @@ def test_openai_sdk_default_base_url(stack: ProxyStack, tmp_path: Path) -> None:
     for value in every_secret(stack):
         assert_never_saw(value, ran.stdout, ran.stderr, json.dumps(box.env))
 
-    lines = [x for x in stack.run_audit(bundle["run_id"], 3) if names_destination(x, "openai")]
+    lines = stack.named_audit(bundle["run_id"], "openai", 3)
     assert sorted((x.get("method"), x.get("purpose"), x.get("decision"), x.get("status")) for x in lines
                   if inner(x)) == [
         ("GET", "list_models", "allow", 200), ("POST", "chat", "allow", 200), ("POST", "chat", "allow", 200)]
@@ -84,6 +84,6 @@ def test_anthropic_sdk_default_base_url(stack: ProxyStack, tmp_path: Path) -> No
     for value in every_secret(stack):
         assert_never_saw(value, ran.stdout, ran.stderr, json.dumps(box.env))
 
-    lines = [x for x in stack.run_audit(bundle["run_id"], 2) if names_destination(x, "anthropic")]
+    lines = stack.named_audit(bundle["run_id"], "anthropic", 2)
     assert [(x.get("method"), x.get("purpose"), x.get("decision")) for x in lines if inner(x)] == [
         ("POST", "messages", "allow")] * 2

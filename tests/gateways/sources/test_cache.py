@@ -241,3 +241,25 @@ async def test_refresh_now_once_for_many_and_stop_revokes(caplog: pytest.LogCapt
     assert "tok-" not in caplog.text
     assert "tok-" not in repr(cache)
     assert "tok-" not in repr(fresh[0])
+
+
+@sync
+async def test_a_late_prewarm_never_displaces_what_a_request_holds() -> None:
+    """The run's record may arrive after its first request issued: warming then does nothing, and
+    a credential replaced because its grants differ is revoked only after the grace (a request
+    may be carrying it upstream)."""
+    source = Scripted()
+    cache, _, _ = make(source)
+    first = await cache.get(claims())
+    other_grants = AccessClaims(iss="i", sub="run-1", aud="up", exp=int(NOW + 600), nbf=0, iat=0, jti="j",
+                                client_id="rt", grants=(GrantClaim("q", {}),))
+    await cache.warm(other_grants)
+    assert source.issued == 1
+    assert cache.held("run-1") is first
+    await cache.warm(claims("run-2"))  # nothing held yet: issued ahead
+    assert source.issued == 2
+    replaced = await cache.get(other_grants)  # a request whose grants differ: issued for them
+    assert replaced.credential.value != first.credential.value
+    await asyncio.sleep(0.05)
+    assert first.credential.value.reveal() not in source.revoked  # not before the grace
+    await cache.stop()
