@@ -12,7 +12,8 @@ header, ``Authorization``, cookies and the other credential headers never leave 
 looked at), the query without the injected parameter, the path, and a buffered body, in every
 form the credential scanner decodes (percent-encoding, Basic, JSON escapes). Every run token
 begins with the same 32 characters (``contract.claims.token_prefix``), so one literal anchors the
-scan and other JWTs are not mistaken for ours.
+scan, other JWTs are not mistaken for ours, and no word boundary is needed: a character glued in
+front of a token does not hide it.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 _SEGMENT = "[A-Za-z0-9_-]"
 RUN_TOKEN = CredentialPattern(
     "valetkey_run_token", "valetkey", f"{token_prefix()}{_SEGMENT}+\\.{_SEGMENT}{{16,}}\\.{_SEGMENT}{{16,}}")
-SCANNER = CredentialScanner((RUN_TOKEN,))
+SCANNER = CredentialScanner((RUN_TOKEN,), bounded=False)  # "x" + token still carries the token
 
 
 def _path(raw_path: bytes) -> Finding | None:

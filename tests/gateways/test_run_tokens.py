@@ -38,6 +38,7 @@ REFUSED = [
     pytest.param("GET", "/v1/items", {"X-Note": "see {own} there"}, None, None, "header:x-note",
                  id="own-inside-text"),
     pytest.param("GET", "/v1/items/{own}", {}, None, None, "path", id="own-in-path"),
+    pytest.param("GET", "/v1/items?t=x{own}", {}, None, None, "query:t", id="own-glued-to-a-word"),
     pytest.param("POST", "/v1/blobs", {}, "application/json", '{"note": "{other}"}', "body:json",
                  id="other-in-json"),
     pytest.param("POST", "/v1/blobs", {}, "application/json", '{"note": "{own_escaped}"}', "body:json",
