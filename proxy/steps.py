@@ -110,16 +110,12 @@ async def authorize_unlisted(gw: Gateway, ex: Exchange) -> None:
 
 
 async def refuse_run_token(gw: Gateway, ex: Exchange) -> None:
-    """The run's own proxy credential never goes to a host outside the policy, nor into the
-    preview a person reads: in the body, the query, the path or a header other than
-    ``Proxy-Authorization`` it is refused before anyone is asked. Fills body (bytes, bounded by
-    the purpose's ``max_body``). Reason: credential_passthrough."""
+    """The run's own proxy credential sent to a host outside the policy in a header other than
+    ``Proxy-Authorization`` is refused before anyone is asked, even in a header that would not
+    leave (``Authorization``, a cookie). Wherever else it would leave (body, query, path, kept
+    headers) the shared ``refuse_run_tokens`` refuses every run token. Reason: credential_passthrough."""
     token = admission_of(ex).token.encode()
-    if not isinstance(ex.body, bytes):
-        ex.body = b"".join([chunk async for chunk in ex.body])
-    raw = bytes(ex.scope.get("raw_path") or b"") + b"?" + ex.query
-    headers = (v for k, v in ex.headers if k != b"proxy-authorization")
-    if token in ex.body or token in raw or any(token in v for v in headers):
+    if any(token in v for k, v in ex.headers if k != b"proxy-authorization"):
         ex.record.passthrough = "run token"
         raise Forbidden("the run's own proxy credential is never sent to a host outside the policy",
                         Reason.CREDENTIAL_PASSTHROUGH)
