@@ -11,6 +11,10 @@ together, pipelined on one connection (``ScriptBatch``): a burst of 1,000 concur
 is a few round trips, not 1,000 connections (redis-py's default pool refused all beyond 100).
 On a Redis Cluster, redis-py pipelines no script call: there the calls of a turn are sent one by
 one, at most ``CLUSTER_CONCURRENCY`` at once (its per-node pools refuse rather than wait).
+
+A generous limit is charged from leases (``gateways/budget_lease.py``): one script call takes
+several requests, stamped in the window at the end of the lease's life, and the process spends
+them without a round trip; what it did not spend goes back (``_GIVE_BACK``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import math
 import secrets
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,38 +33,69 @@ from redis.exceptions import NoScriptError, RedisError, ResponseError
 from contract import keys
 from contract.claims import AccessClaims
 from contract.errors import Reason, TooManyRequests, Unavailable
+from gateways.budget_lease import Grant, Leases, lease_terms
 from policies.model import Purpose, Upstream
 
 PREFIX = keys.BUDGET_PREFIX
 
 # KEYS[1] window set, KEYS[2] request total, KEYS[3] bytes total
-# ARGV: limit, period_ms, member, ttl_s, max_requests (0 = none), max_bytes (0 = none)
-# returns {allowed (1/0), retry_after_ms, which (0 rate, 1 requests, 2 bytes)}
+# ARGV: limit, period_ms, member, ttl_s, max_requests (0 = none), max_bytes (0 = none),
+#       wanted (requests asked for: 1, or a lease's size), lease_ms (0: one request, now)
+# returns {allowed (1/0), retry_after_ms, which (0 rate, 1 requests, 2 bytes), granted}
+# A lease's requests enter the window at now + lease_ms (the latest they can be spent), so the
+# window never counts one of them out before the request it stands for.
 _SCRIPT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local limit, period = tonumber(ARGV[1]), tonumber(ARGV[2])
 local ttl, max_req, max_bytes = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-if max_req > 0 and tonumber(redis.call('GET', KEYS[2]) or '0') >= max_req then
-  return {0, ttl * 1000, 1}
+local granted, lease = math.max(1, tonumber(ARGV[7] or '1')), tonumber(ARGV[8] or '0')
+if max_req > 0 then
+  local used = tonumber(redis.call('GET', KEYS[2]) or '0')
+  if used >= max_req then
+    return {0, ttl * 1000, 1, 0}
+  end
+  granted = math.min(granted, max_req - used)
 end
 if max_bytes > 0 and tonumber(redis.call('GET', KEYS[3]) or '0') >= max_bytes then
-  return {0, ttl * 1000, 2}
+  return {0, ttl * 1000, 2, 0}
 end
 if limit > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - period)
-  if redis.call('ZCARD', KEYS[1]) >= limit then
+  local count = redis.call('ZCARD', KEYS[1])
+  if count >= limit then
     local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-    return {0, tonumber(oldest[2]) + period - now, 0}
+    return {0, math.max(1, tonumber(oldest[2]) + period - now), 0, 0}
   end
-  redis.call('ZADD', KEYS[1], now, ARGV[3])
-  redis.call('PEXPIRE', KEYS[1], period)
+  granted = math.min(granted, limit - count)
+  if granted == 1 and lease == 0 then
+    redis.call('ZADD', KEYS[1], now, ARGV[3])
+  else
+    for i = 1, granted do
+      redis.call('ZADD', KEYS[1], now + lease, ARGV[3] .. ':' .. i)
+    end
+  end
+  redis.call('PEXPIRE', KEYS[1], period + lease)
 end
 if max_req > 0 then
-  redis.call('INCR', KEYS[2])
+  redis.call('INCRBY', KEYS[2], granted)
   redis.call('EXPIRE', KEYS[2], ttl)
 end
-return {1, 0, 0}
+return {1, 0, 0, granted}
+"""
+
+# A lease's unspent requests given back: KEYS as above; ARGV: member, first unspent index, last
+# index, whether the request total was charged (1/0). Returns how many went back.
+_GIVE_BACK = """
+local first, last = tonumber(ARGV[2]), tonumber(ARGV[3])
+for i = first, last do
+  redis.call('ZREM', KEYS[1], ARGV[1] .. ':' .. i)
+end
+local n = last - first + 1
+if tonumber(ARGV[4]) == 1 and n > 0 and redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('DECRBY', KEYS[2], n)
+end
+return n
 """
 _WHICH = ("rate limit", "request total", "bytes-out total")
 
@@ -158,13 +194,17 @@ class Budgets:
         self._upstream = upstream
         self._since = since  # when the current generation of Redis data began (contract/generation.py)
         self._script = ScriptBatch(client, _SCRIPT)
+        self._give_back: Any = client.register_script(_GIVE_BACK)
+        self._leases = Leases()
 
     def applies(self, purpose: Purpose) -> bool:
         limits = self._upstream.run_limits
         return purpose.limits.rate is not None or limits.requests is not None or limits.bytes_out is not None
 
     async def charge(self, claims: AccessClaims, purpose: Purpose, now: float) -> None:
-        """Take one request from the run's budgets, or raise 429 with Retry-After."""
+        """Take one request from the run's budgets, or raise 429 with Retry-After: from a lease
+        this process holds when the limits are generous (``gateways/budget_lease.py``), else
+        by one script call."""
         if not self.applies(purpose):
             return
         since = self._since()
@@ -172,14 +212,28 @@ class Budgets:
             # its counts went with the lost data: refusing is the only answer that cannot overspend
             raise Unavailable("this run's budget counts were lost with Redis's data; mint a new run",
                               Reason.BUDGET_STATE_LOST)
+        size, seconds = lease_terms(purpose, self._upstream)
+
+        async def ask(wanted: int, lease_seconds: float) -> Grant:
+            return await self._ask(claims, purpose, wanted, lease_seconds)
+
+        if size == 1:
+            await ask(1, 0.0)
+        else:
+            await self._leases.spend((claims.sub, purpose.name), size, seconds, ask)
+
+    async def _ask(self, claims: AccessClaims, purpose: Purpose, wanted: int, seconds: float) -> Grant:
+        """The budget script for ``wanted`` requests (a lease of ``seconds`` when more than one)."""
         rate = purpose.limits.rate
         run = keys.budget(claims.sub, self._upstream.name)  # one hash slot per run (Redis Cluster)
-        ttl = max(1, claims.exp - int(now) + 60)
-        args = [rate.count if rate else 0, rate.period * 1000 if rate else 0, secrets.token_hex(8), ttl,
-                self._upstream.run_limits.requests or 0, self._upstream.run_limits.bytes_out or 0]
+        ttl = max(1, claims.exp - int(time.time()) + 60)
+        member = secrets.token_hex(8)
+        args = [rate.count if rate else 0, rate.period * 1000 if rate else 0, member, ttl,
+                self._upstream.run_limits.requests or 0, self._upstream.run_limits.bytes_out or 0,
+                wanted, round(seconds * 1000)]
         names = [f"{run}:rate:{purpose.name}", f"{run}:requests", f"{run}:bytes"]
         try:
-            allowed, retry_ms, which = await self._script(keys=names, args=args)
+            allowed, retry_ms, which, granted = await self._script(keys=names, args=args)
         except (RedisError, OSError) as exc:
             raise Unavailable(f"budget state unavailable: {type(exc).__name__}",
                               Reason.REDIS_UNAVAILABLE) from None
@@ -189,6 +243,12 @@ class Budgets:
                                     f"retry in {retry}s", Reason.BUDGET_EXCEEDED)
             error.headers = {"retry-after": str(retry)}
             raise error
+        counted = 1 if self._upstream.run_limits.requests else 0
+
+        async def give_back(member: str, first: int, last: int) -> object:
+            return await self._give_back(keys=names, args=[member, first, last, counted])
+
+        return Grant(int(granted), member, give_back)
 
     async def add_bytes(self, claims: AccessClaims, count: int, now: float) -> None:
         """Count response bytes toward the run's bytes-out total (after the response)."""

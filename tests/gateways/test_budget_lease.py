@@ -1,0 +1,229 @@
+"""Budget leases in a real Redis (``gateways/budget_lease.py``): which limits lease, that a
+limit is never exceeded by one process or by two, that a lease's requests enter the window at
+the end of its life and what it did not spend goes back, and that a request spends from the
+lease without a Redis call."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from contract import keys
+from contract.claims import AccessClaims
+from contract.errors import ValetkeyError
+from gateways import budget_lease
+from gateways.budget import Budgets
+from gateways.budget_lease import lease_terms
+from policies import model
+from valetkey.dev.services import RedisServer
+
+
+def purpose(rate: model.Rate | None) -> model.Purpose:
+    return model.Purpose(name="write", why="Write items.", methods=frozenset({"POST"}),
+                         paths=(model.PathTemplate.parse("/v1/items"),), params=(),
+                         limits=model.Limits(rate=rate))
+
+
+def upstream(p: model.Purpose, limits: model.RunLimits | None = None) -> model.Upstream:
+    return model.Upstream(
+        name="echo", base_url="http://echo.test", scheme="http", host="echo.test", port=80,
+        secret=model.SecretRef(mount="secret", path="echo", field="token"),
+        injection=model.Injection(model.Placement.HEADER, header="Authorization", format="Bearer {secret}"),
+        env=model.SandboxEnv(placeholder="ECHO_TOKEN", base_url="ECHO_URL"), purposes={p.name: p},
+        run_limits=limits or model.RunLimits())
+
+
+@pytest.mark.parametrize(("rate", "limits", "terms"), [
+    pytest.param(model.Rate(5, 60), None, (1, 0.0), id="5-per-minute-one-at-a-time"),
+    pytest.param(model.Rate(63, 60), None, (1, 0.0), id="63-per-minute-one-at-a-time"),
+    pytest.param(model.Rate(120, 60), None, (3, 1.0), id="120-per-minute-leases-3"),
+    pytest.param(model.Rate(600, 60), None, (16, 1.0), id="600-per-minute-leases-16-at-most"),
+    pytest.param(model.Rate(10**8, 60), None, (16, 1.0), id="huge-rate-16-at-most"),
+    pytest.param(model.Rate(1000, 2), None, (16, 0.5), id="short-period-shorter-lease"),
+    pytest.param(model.Rate(1000, 0), None, (1, 0.0), id="period-too-short-for-a-lease"),
+    pytest.param(None, model.RunLimits(requests=2000), (16, 1.0), id="request-total-only"),
+    pytest.param(model.Rate(600, 60), model.RunLimits(requests=100), (3, 1.0), id="small-total-caps-it"),
+    pytest.param(model.Rate(600, 60), model.RunLimits(bytes_out=1 << 20), (1, 0.0), id="bytes-total-never-leases"),
+])
+def test_which_limits_lease(rate: model.Rate | None, limits: model.RunLimits | None,
+                            terms: tuple[int, float]) -> None:
+    p = purpose(rate)
+    assert lease_terms(p, upstream(p, limits)) == terms
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    with RedisServer() as server:
+        yield server.url
+
+
+def new_claims() -> Any:
+    return AccessClaims.new(issuer="i", run_id=f"run_{time.time_ns()}", audience="echo", runtime="tester",
+                            grants=[], now=int(time.time()), ttl=3600)
+
+
+async def outcome(budgets: Budgets, claims: Any, p: model.Purpose) -> str:
+    try:
+        await budgets.charge(claims, p, time.time())
+    except ValetkeyError as exc:
+        return exc.code
+    return "ok"
+
+
+async def script_calls(client: aioredis.Redis) -> int:
+    stats = await client.info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
+
+
+@pytest.mark.parametrize(("rate", "limits", "limit", "refusal"), [
+    pytest.param(model.Rate(320, 60), None, 320, "rate limit", id="rate"),
+    pytest.param(None, model.RunLimits(requests=320), 320, "request total", id="request-total"),
+    pytest.param(model.Rate(400, 60), model.RunLimits(requests=320), 320, "request total", id="both-total-first"),
+])
+def test_one_process_spends_exactly_the_limit_with_few_calls(redis_url: str, rate: model.Rate | None,
+                                                            limits: model.RunLimits | None, limit: int,
+                                                            refusal: str) -> None:
+    p = purpose(rate)
+    up = upstream(p, limits)
+
+    async def scenario() -> tuple[list[str], int, str]:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            budgets, claims = Budgets(client, up), new_claims()
+            before = await script_calls(client)
+            results = [await outcome(budgets, claims, p) for _ in range(limit + 3)]
+            calls = await script_calls(client) - before
+            try:
+                await budgets.charge(claims, p, time.time())
+                detail = ""
+            except ValetkeyError as exc:
+                detail = str(exc)
+            return results, calls, detail
+        finally:
+            await client.aclose()
+
+    results, calls, detail = asyncio.run(scenario())
+    assert results == ["ok"] * limit + ["budget_exceeded"] * 3
+    assert refusal in detail
+    assert calls <= limit // 4  # leases of 10: a call (and a give-back) per ~5 requests, not one each
+
+
+def test_two_replicas_never_exceed_and_refuse_early_only_by_the_unspent(redis_url: str) -> None:
+    """Two processes' Budgets (two replicas) spend one run's "320 per 1m" at once: never more
+    than 320, at most one lease's unspent requests refused early, and once the leases have been
+    given back the run can spend exactly up to 320 in all."""
+    p = purpose(model.Rate(320, 60))
+    up = upstream(p)
+    size, seconds = lease_terms(p, up)
+
+    async def scenario() -> tuple[int, int]:
+        clients = [aioredis.Redis.from_url(redis_url) for _ in range(2)]
+        try:
+            replicas, claims = [Budgets(c, up) for c in clients], new_claims()
+            first = await asyncio.gather(*(outcome(replicas[i % 2], claims, p) for i in range(400)))
+            await asyncio.sleep(seconds + 0.2)  # every lease expired and given back
+            later = [await outcome(replicas[i % 2], claims, p) for i in range(400)]
+            return first.count("ok"), first.count("ok") + later.count("ok")
+        finally:
+            for c in clients:
+                await c.aclose()
+
+    at_once, in_all = asyncio.run(scenario())
+    assert 320 - 2 * size <= at_once <= 320
+    assert in_all == 320
+
+
+def test_a_lease_enters_the_window_at_its_end_and_gives_back_what_it_did_not_spend(redis_url: str) -> None:
+    p = purpose(model.Rate(320, 60))
+    up = upstream(p, model.RunLimits(requests=1000))
+    size, seconds = lease_terms(p, up)
+
+    async def scenario() -> tuple[list[float], float, int, int, int]:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            budgets, claims = Budgets(client, up), new_claims()
+            run = keys.budget(claims.sub, up.name)
+            window, total = f"{run}:rate:{p.name}", f"{run}:requests"
+            redis_now = await client.time()
+            await budgets.charge(claims, p, time.time())
+            scores = [s for _, s in await client.zrange(window, 0, -1, withscores=True)]
+            held = int(await client.get(total) or 0)
+            await asyncio.sleep(seconds + 0.3)
+            return (scores, redis_now[0] * 1000 + redis_now[1] / 1000, held,
+                    await client.zcard(window), int(await client.get(total) or 0))
+        finally:
+            await client.aclose()
+
+    scores, redis_ms, held, window_after, total_after = asyncio.run(scenario())
+    assert len(scores) == size and held == size  # the whole lease counted at once
+    assert all(s >= redis_ms + seconds * 1000 - 1 for s in scores)  # stamped at the end of its life
+    assert (window_after, total_after) == (1, 1)  # the unspent went back; the one spent stays
+
+
+def test_a_request_spends_from_the_lease_without_a_redis_call() -> None:
+    """Once a lease is held, Redis going away does not stall or refuse the requests it covers;
+    after its spending window they are refused redis_unavailable (fail closed, no waiting)."""
+    p = purpose(model.Rate(600, 60))
+    up = upstream(p)
+    size, seconds = lease_terms(p, up)
+
+    async def scenario(server: RedisServer) -> tuple[list[str], float]:
+        client = aioredis.Redis.from_url(server.url, socket_connect_timeout=0.5, socket_timeout=0.5)
+        budgets, claims = Budgets(client, up), new_claims()
+        try:
+            first = await outcome(budgets, claims, p)
+            server.stop()
+            started = time.perf_counter()
+            held = [await outcome(budgets, claims, p) for _ in range(size // 2 - 1)]
+            spent_in = time.perf_counter() - started
+            await asyncio.sleep(seconds * budget_lease.SPEND_WITHIN + 0.05)
+            return [first, *held, await outcome(budgets, claims, p)], spent_in
+        finally:
+            await client.aclose()
+
+    with RedisServer() as server:
+        results, spent_in = asyncio.run(scenario(server))
+    assert results == ["ok"] * (size // 2) + ["redis_unavailable"]
+    assert spent_in < 0.1  # from memory: no connection attempted
+
+
+def test_leases_are_forgotten_after_their_life(redis_url: str) -> None:
+    p = purpose(model.Rate(600, 60))
+    up = upstream(p)
+    _, seconds = lease_terms(p, up)
+
+    async def scenario() -> tuple[int, int]:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            budgets = Budgets(client, up)
+            for _ in range(20):
+                await budgets.charge(new_claims(), p, time.time())
+            held = len(budgets._leases)
+            await asyncio.sleep(seconds + 0.2)
+            return held, len(budgets._leases)
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(scenario()) == (20, 0)
+
+
+def test_a_renewal_refused_leaves_the_held_lease_to_run_out(redis_url: str) -> None:
+    """A limit reached while a lease is held: its remaining requests are spent, then refused."""
+    p = purpose(model.Rate(64, 60))  # leases of 2
+    up = upstream(p)
+
+    async def scenario() -> list[str]:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            budgets, claims = Budgets(client, up), new_claims()
+            return [await outcome(budgets, claims, p) for _ in range(66)]
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(scenario()) == ["ok"] * 64 + ["budget_exceeded"] * 2
+
