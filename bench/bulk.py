@@ -2,10 +2,16 @@
 
     python -m bench.bulk PORT CERT KEY      the server: ``GET /bulk?bytes=N`` answers N bytes
 
-Both ends are blocking sockets with OpenSSL doing the work (1 MiB writes, 1 MiB reads), so they
-run at memory speed and the figure is the proxy's (the client closes first, once it has every
-byte: a proxy's teardown when the server closes is not part of the figure); the *direct* row (no
-proxy) is the ceiling the same two ends reach on this machine, and it is reported beside every proxy.
+Both ends are blocking sockets with OpenSSL doing the work (1 MiB writes, 1 MiB reads); the
+*direct* row (no proxy) is the ceiling the same two ends reach on this machine, reported beside
+every proxy (the client closes first, once it has every byte: a proxy's teardown when the server
+closes is not part of the figure). On a small machine that ceiling is the ends' own cost (TLS and
+a copy at each end, each end a core), so a relay in between can only share their cores.
+
+``fetch_raw`` measures the relay itself: the client sends a real ClientHello for the name (what
+a tunnel checks before relaying) offering the ALPN protocol ``RAW_ALPN``, then ``RAW N``; the
+server, seeing that protocol in the hello, answers N bytes with no TLS. Every proxy relays the
+same bytes; the ends cost a copy each and no crypto.
 """
 
 from __future__ import annotations
@@ -20,6 +26,39 @@ from typing import Any
 
 CHUNK = 1 << 20
 _BLOCK = bytes(range(256)) * (CHUNK // 256)
+RAW_ALPN = "valetkey-bench-raw"
+
+
+def _hello_record(sock: socket.socket) -> bytes | None:
+    """The first TLS record (the ClientHello), peeked without consuming it; None if it is not one."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        head = sock.recv(1 << 16, socket.MSG_PEEK)  # blocks until something is queued
+        if not head or head[0] != 0x16:
+            return None
+        if len(head) >= 5 and len(head) >= 5 + int.from_bytes(head[3:5], "big"):
+            return head[:5 + int.from_bytes(head[3:5], "big")]
+        time.sleep(0.001)  # part of the record: wait for the rest
+    return None
+
+
+def _serve_raw(sock: socket.socket, hello: bytes) -> None:
+    """After the hello: ``RAW N\n``, then N bytes, no TLS; then wait for the client to close."""
+    sock.recv(len(hello), socket.MSG_WAITALL)
+    line = b""
+    while not line.endswith(b"\n"):
+        data = sock.recv(1)
+        if not data:
+            return
+        line += data
+    size = int(line.split()[1])
+    view = memoryview(_BLOCK)
+    while size > 0:
+        sent = min(size, CHUNK)
+        sock.sendall(view[:sent])
+        size -= sent
+    with contextlib.suppress(OSError):
+        sock.recv(1)
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -27,8 +66,12 @@ class _Handler(socketserver.BaseRequestHandler):
 
     def handle(self) -> None:
         try:
+            hello = _hello_record(self.request)
+            if hello is not None and RAW_ALPN.encode() in hello:
+                _serve_raw(self.request, hello)
+                return
             conn = self.context.wrap_socket(self.request, server_side=True)
-        except (OSError, ssl.SSLError):
+        except (OSError, ssl.SSLError, ValueError):
             return
         with conn:
             head = b""
@@ -61,23 +104,60 @@ def serve(port: int, cert: str, key: str) -> None:
         server.serve_forever()
 
 
+def _dial(host: str, port: int, authority: str, proxy_auth: str | None, timeout: float) -> socket.socket:
+    """A connection to the bulk server: direct, or through CONNECT when ``proxy_auth`` is given."""
+    raw = socket.create_connection((host, port), timeout=timeout)
+    if proxy_auth is None:
+        return raw
+    try:
+        raw.sendall(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n"
+                    f"Proxy-Authorization: {proxy_auth}\r\n\r\n".encode("latin-1"))
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            data = raw.recv(1)  # byte by byte: nothing past the proxy's answer may be consumed
+            if not data:
+                raise ConnectionError("the proxy closed the CONNECT")
+            answer += data
+        if answer[9:12] != b"200":
+            raise ConnectionError(f"CONNECT answered {answer[9:12].decode(errors='replace')}")
+    except BaseException:
+        raw.close()
+        raise
+    return raw
+
+
+def fetch_raw(host: str, port: int, *, authority: str, sni: str, size: int, proxy_auth: str | None = None,
+              timeout: float = 120.0) -> dict[str, Any]:
+    """The relay's own speed: a real ClientHello for ``sni`` (offering ``RAW_ALPN``), then
+    ``size`` bytes back with no TLS at either end. MB/s from the hello to the last byte."""
+    context = ssl.create_default_context()
+    context.set_alpn_protocols([RAW_ALPN])
+    tls = context.wrap_bio(ssl.MemoryBIO(), outgoing := ssl.MemoryBIO(), server_hostname=sni)
+    with contextlib.suppress(ssl.SSLWantReadError):
+        tls.do_handshake()
+    hello = outgoing.read()
+    with _dial(host, port, authority, proxy_auth, timeout) as conn:
+        started = time.perf_counter()
+        conn.sendall(hello + f"RAW {size}\n".encode())
+        buffer = bytearray(CHUNK)
+        view, got = memoryview(buffer), 0
+        while got < size:
+            n = conn.recv_into(view)
+            if not n:
+                break
+            got += n
+        seconds = time.perf_counter() - started
+    if got < size:
+        raise ConnectionError(f"raw transfer ended after {got} of {size} bytes")
+    return {"bytes": got, "seconds": round(seconds, 4), "mb_per_s": round(got / seconds / 1e6, 1)}
+
+
 def fetch(host: str, port: int, *, authority: str, sni: str, ca: str, size: int,
           proxy_auth: str | None = None, timeout: float = 120.0) -> dict[str, Any]:
     """Download ``size`` bytes from the bulk server at ``authority``: dialled at host:port, through
     CONNECT when ``proxy_auth`` is given. MB/s counts from the request to the last byte."""
-    raw = socket.create_connection((host, port), timeout=timeout)
+    raw = _dial(host, port, authority, proxy_auth, timeout)
     try:
-        if proxy_auth is not None:
-            raw.sendall(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n"
-                        f"Proxy-Authorization: {proxy_auth}\r\n\r\n".encode("latin-1"))
-            answer = b""
-            while b"\r\n\r\n" not in answer:
-                data = raw.recv(1)  # byte by byte: nothing past the proxy's answer may be consumed
-                if not data:
-                    raise ConnectionError("the proxy closed the CONNECT")
-                answer += data
-            if answer[9:12] != b"200":
-                raise ConnectionError(f"CONNECT answered {answer[9:12].decode(errors='replace')}")
         context = ssl.create_default_context(cafile=ca)
         conn = context.wrap_socket(raw, server_hostname=sni)
     except BaseException:

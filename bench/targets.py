@@ -112,8 +112,11 @@ EGRESS_GOALS = [
     Goal("terminate mode adds ≤ 2 ms p50 over direct TLS (medium, keep-alive)", 2.0, False,
          _terminate_added("medium"), " ms"),
     Goal("terminate mode ≥ 3x mitmproxy's throughput (small)", 3.0, True, _terminate_over_mitmproxy, "x"),
-    Goal("tunnel mode ≥ 1 GB/s bulk (wall clock; the direct row is this machine's ceiling)", 1000.0, True,
+    Goal("tunnel mode ≥ 1 GB/s bulk, TLS end to end (wall clock; the direct row is this machine's "
+         "ceiling)", 1000.0, True,
          lambda r: _median_or_none(r["egress"]["bulk"]["valetkey-tunnel"]["mb_per_s"]), " MB/s"),
+    Goal("tunnel mode ≥ 1 GB/s bulk, raw ends (wall clock: the relay's own speed)", 1000.0, True,
+         lambda r: _median_or_none(r["egress"]["bulk"]["valetkey-tunnel"].get("raw_mb_per_s", [])), " MB/s"),
     Goal("tunnel mode ≥ 1 GB/s bulk per proxy CPU-second", 1000.0, True,
          lambda r: _median_or_none(r["egress"]["bulk"]["valetkey-tunnel"]["mb_per_cpu_s"]), " MB/s"),
     Goal("a new leaf certificate ≤ 5 ms (median)", 5.0, False,
