@@ -38,12 +38,13 @@ from policies.model import Purpose, Upstream
 
 PREFIX = keys.BUDGET_PREFIX
 
-# KEYS[1] window set, KEYS[2] request total, KEYS[3] bytes total
+# KEYS[1] window set, KEYS[2] request total, KEYS[3] bytes total, KEYS[4] leases (member → granted)
 # ARGV: limit, period_ms, member, ttl_s, max_requests (0 = none), max_bytes (0 = none),
 #       wanted (requests asked for: 1, or a lease's size), lease_ms (0: one request, now)
 # returns {allowed (1/0), retry_after_ms, which (0 rate, 1 requests, 2 bytes), granted}
 # A lease's requests enter the window at now + lease_ms (the latest they can be spent), so the
-# window never counts one of them out before the request it stands for.
+# window never counts one of them out before the request it stands for; the window's expiry is
+# only ever lengthened, so no call with a shorter lease drops an entry stamped later.
 _SCRIPT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -75,24 +76,36 @@ if limit > 0 then
       redis.call('ZADD', KEYS[1], now + lease, ARGV[3] .. ':' .. i)
     end
   end
-  redis.call('PEXPIRE', KEYS[1], period + lease)
+  if redis.call('PTTL', KEYS[1]) < period + lease then
+    redis.call('PEXPIRE', KEYS[1], period + lease)
+  end
 end
 if max_req > 0 then
   redis.call('INCRBY', KEYS[2], granted)
   redis.call('EXPIRE', KEYS[2], ttl)
 end
+if lease > 0 then
+  redis.call('HSET', KEYS[4], ARGV[3], granted)
+  redis.call('EXPIRE', KEYS[4], ttl)
+end
 return {1, 0, 0, granted}
 """
 
-# A lease's unspent requests given back: KEYS as above; ARGV: member, first unspent index, last
-# index, whether the request total was charged (1/0). Returns how many went back.
+# A lease's unspent requests given back, once: KEYS[1] window set, KEYS[2] request total,
+# KEYS[3] leases; ARGV: member, unspent, whether the request total was charged (1/0). The
+# lease's record goes with it, so the same call sent again (a retry after a lost answer) gives
+# back nothing more. Returns how many went back.
 _GIVE_BACK = """
-local first, last = tonumber(ARGV[2]), tonumber(ARGV[3])
-for i = first, last do
+local granted = tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '0')
+if granted == 0 then
+  return 0
+end
+redis.call('HDEL', KEYS[3], ARGV[1])
+local n = math.min(tonumber(ARGV[2]), granted)
+for i = granted - n + 1, granted do
   redis.call('ZREM', KEYS[1], ARGV[1] .. ':' .. i)
 end
-local n = last - first + 1
-if tonumber(ARGV[4]) == 1 and n > 0 and redis.call('EXISTS', KEYS[2]) == 1 then
+if tonumber(ARGV[3]) == 1 and n > 0 and redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('DECRBY', KEYS[2], n)
 end
 return n
@@ -231,7 +244,7 @@ class Budgets:
         args = [rate.count if rate else 0, rate.period * 1000 if rate else 0, member, ttl,
                 self._upstream.run_limits.requests or 0, self._upstream.run_limits.bytes_out or 0,
                 wanted, round(seconds * 1000)]
-        names = [f"{run}:rate:{purpose.name}", f"{run}:requests", f"{run}:bytes"]
+        names = [f"{run}:rate:{purpose.name}", f"{run}:requests", f"{run}:bytes", f"{run}:leases"]
         try:
             allowed, retry_ms, which, granted = await self._script(keys=names, args=args)
         except (RedisError, OSError) as exc:
@@ -245,8 +258,8 @@ class Budgets:
             raise error
         counted = 1 if self._upstream.run_limits.requests else 0
 
-        async def give_back(member: str, first: int, last: int) -> object:
-            return await self._give_back(keys=names, args=[member, first, last, counted])
+        async def give_back(member: str, unspent: int) -> object:
+            return await self._give_back(keys=[names[0], names[1], names[3]], args=[member, unspent, counted])
 
         return Grant(int(granted), member, give_back)
 

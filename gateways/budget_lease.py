@@ -11,26 +11,30 @@ What stays exact (the promise of ``gateways/budget.py``): the limit is never exc
 number of replicas. A lease's requests are counted in Redis when it is granted: in the request
 total at once, and in the rate's window stamped at *grant time + lease seconds* (the latest moment
 one of them can be spent), so the window never lets one of them out before the request it stands
-for. A lease is spent only within ``SPEND_WITHIN`` of its lifetime, measured from before the ask
-(Redis's clock reads later than that), then given back: its unspent requests leave the window and
-the total (``_GIVE_BACK``), also when a renewal replaces it.
+for (and no call shortens the window's life). A lease is spent only within ``SPEND_WITHIN`` of
+its lifetime, measured from before the ask (Redis's clock reads later than that, as long as the
+two clocks run at the same rate), then given back: its unspent requests leave the window and the
+total, once (``_GIVE_BACK`` forgets the lease as it does), also when a renewal replaces it. The
+script call is a task of its own: a request cancelled while it asks leaks no lease.
 
 What it costs: while a replica holds unspent requests, another replica can be refused up to that
-many requests before the limit (at most ``size - 1`` per other replica, for at most one lease's
-lifetime). So only generous limits lease: one leased request per ``PER_REQUEST`` of the limit
-(``"120 per 1m"`` leases 3, ``"600 per 1m"`` 16, ``"30 per 1m"`` none), at most ``MAX_SIZE``,
-and never where a bytes-out total applies (bytes are known only after each response). A lease
-lives ``LEASE_SECONDS``, or a quarter of a short rate period. A process that stops holding a
-lease gives nothing back: its requests leave the window with the period and stay in the total.
+many requests before the limit (``size - 1``, or ``2 * size - 1`` while a renewal overlaps the
+lease it replaces, per other replica and purpose, for at most one lease's lifetime). So only
+generous limits lease: one leased request per ``PER_REQUEST`` of the limit (``"120 per 1m"``
+leases 3, ``"600 per 1m"`` 16, ``"30 per 1m"`` none), at most ``MAX_SIZE``, and never where a
+bytes-out total applies (bytes are known only after each response). A lease lives
+``LEASE_SECONDS``, or a quarter of a short rate period. A process that stops holding a lease
+gives nothing back: its requests leave the window with the period and stay in the total.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 from redis.exceptions import RedisError
 
@@ -66,12 +70,12 @@ def lease_terms(purpose: Purpose, upstream: Upstream) -> tuple[int, float]:
 
 @dataclass
 class Grant:
-    """What Redis granted: ``granted`` requests named ``member:1..granted``; ``give_back`` returns
-    the unspent ones (from index ``first``)."""
+    """What Redis granted: ``granted`` requests named ``member:1..granted``; ``give_back(member,
+    unspent)`` returns the unspent ones (once: the script forgets the lease as it does)."""
 
     granted: int
     member: str
-    give_back: Callable[[str, int, int], Awaitable[object]]
+    give_back: Callable[[str, int], Awaitable[object]]
 
 
 @dataclass
@@ -88,7 +92,7 @@ class Lease:
         return self.spent >= self.grant.granted * RENEW_AT or now >= self.asked + self.seconds * RENEW_AT
 
 
-Ask = Callable[[int, float], Awaitable[Grant]]
+Ask = Callable[[int, float], Coroutine[Any, Any, Grant]]
 
 
 class Leases:
@@ -96,61 +100,68 @@ class Leases:
 
     def __init__(self) -> None:
         self._held: dict[Key, Lease] = {}
-        self._asking: dict[Key, asyncio.Future[None]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        # the ask in flight per key; its result is the refusal it met (waiters raise it), or None
+        self._asking: dict[Key, asyncio.Future[ValetkeyError | None]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     def __len__(self) -> int:
         return len(self._held)
 
     async def spend(self, key: Key, size: int, seconds: float, ask: Ask) -> None:
-        """One request from the held lease; else wait for the ask in flight (twice at most); else
-        ask for a lease, or for this one request alone while another ask is in flight (so one
-        process holds at most one lease per run and purpose, and a burst is not refused early
-        by leases it took for itself). A refusal or an unavailable Redis is raised by ``ask``
-        as for a request without a lease."""
+        """One request from the held lease; else wait for the ask in flight (twice at most) and
+        share its refusal; else ask for a lease, or for this one request alone while another ask
+        is in flight (so one process asks for one lease at a time per run and purpose, and a burst
+        is not refused early by leases it took for itself). A refusal or an unavailable Redis is
+        raised by ``ask`` as for a request without a lease."""
         loop = asyncio.get_running_loop()
         for attempt in range(3):
             lease = self._held.get(key)
             if lease is not None and lease.usable(loop.time()):
                 lease.spent += 1
-                if lease.due(loop.time()) and (done := self._begin(key)) is not None:
-                    self._background(self._renew(key, size, seconds, ask, done))
+                if lease.due(loop.time()) and key not in self._asking:
+                    self._ask(key, size, seconds, ask, claim=[False])  # renewed in the background
                 return
             asking = self._asking.get(key)
             if asking is None or attempt == 2:
                 break
-            await asyncio.shield(asking)
-        done = self._begin(key)
-        if done is None:
-            await ask(1, 0.0)
-        else:
-            await self._take(key, size, seconds, ask, done, spend=True)
-
-    def _begin(self, key: Key) -> asyncio.Future[None] | None:
-        """Register the ask for ``key`` (others wait on it); None when one is already in flight."""
+            refusal = await asyncio.shield(asking)
+            if refusal is not None:
+                raise refusal
         if key in self._asking:
-            return None
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._asking[key] = done
-        return done
+            await ask(1, 0.0)
+            return
+        claim = [True]  # this request takes the grant's first request, unless it is cancelled first
+        try:
+            await asyncio.shield(self._ask(key, size, seconds, ask, claim))
+        except asyncio.CancelledError:
+            claim[0] = False  # the grant, when it comes, is installed unspent and given back in time
+            raise
 
-    async def _take(self, key: Key, size: int, seconds: float, ask: Ask, done: asyncio.Future[None] | None,
-                    *, spend: bool) -> None:
+    def _ask(self, key: Key, size: int, seconds: float, ask: Ask, claim: list[bool]) -> asyncio.Task[Grant]:
+        """The script call for a lease, as a task of its own: what it grants is installed (and so
+        given back in time) even when the request that asked was cancelled meanwhile."""
         loop = asyncio.get_running_loop()
-        try:
-            asked = loop.time()
-            grant = await ask(size, seconds)
-            self._install(key, Lease(grant, asked, seconds, spent=1 if spend else 0))
-        finally:
-            if done is not None:
-                del self._asking[key]
-                done.set_result(None)
+        done: asyncio.Future[ValetkeyError | None] = loop.create_future()
+        self._asking[key] = done
+        task = loop.create_task(ask(size, seconds))
+        self._tasks.add(task)  # held until done: the loop keeps only weak references
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(partial(self._granted, key, loop.time(), seconds, done, claim))
+        return task
 
-    async def _renew(self, key: Key, size: int, seconds: float, ask: Ask, done: asyncio.Future[None]) -> None:
-        try:
-            await self._take(key, size, seconds, ask, done, spend=False)
-        except (ValetkeyError, RedisError, OSError) as exc:  # the held lease runs out; then requests ask
-            log.debug('{"event":"budget_lease_not_renewed","type":"%s"}', type(exc).__name__)
+    def _granted(self, key: Key, asked: float, seconds: float, done: asyncio.Future[ValetkeyError | None],
+                 claim: list[bool], task: asyncio.Task[Grant]) -> None:
+        refusal: ValetkeyError | None = None
+        if task.cancelled():
+            pass
+        elif isinstance(error := task.exception(), BaseException):  # retrieved: never "unhandled"
+            refusal = error if isinstance(error, ValetkeyError) else None
+            log.debug('{"event":"budget_lease_not_granted","type":"%s"}', type(error).__name__)
+        else:
+            self._install(key, Lease(task.result(), asked, seconds, spent=1 if claim[0] else 0))
+        if self._asking.get(key) is done:
+            del self._asking[key]
+        done.set_result(refusal)
 
     def _install(self, key: Key, lease: Lease) -> None:
         old = self._held.get(key)
@@ -168,13 +179,14 @@ class Leases:
         grant, unspent = lease.grant, lease.grant.granted - lease.spent
         lease.spent = grant.granted  # nothing more is spent from it
         if unspent > 0:
-            self._background(self._returned(grant, grant.granted - unspent + 1))
+            task = asyncio.get_running_loop().create_task(self._returned(grant, unspent))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
-    async def _returned(self, grant: Grant, first: int) -> None:
-        with contextlib.suppress(RedisError, OSError):  # not given back: they pass with the period
-            await grant.give_back(grant.member, first, grant.granted)
-
-    def _background(self, work: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(work)
-        self._tasks.add(task)  # held until done: the loop keeps only weak references
-        task.add_done_callback(self._tasks.discard)
+    @staticmethod
+    async def _returned(grant: Grant, unspent: int) -> None:
+        try:
+            await grant.give_back(grant.member, unspent)
+        except (RedisError, OSError) as exc:  # not given back: they pass with the period
+            log.warning('{"event":"budget_lease_not_given_back","unspent":%d,"type":"%s"}', unspent,
+                        type(exc).__name__)

@@ -135,7 +135,8 @@ class PgGateway:
             leases=leases, prewarm=Prewarm(redis, leases, upstream.name), issued=issued,
             audit=AuditSink(redis, settings.audit_stream, settings.audit_maxlen, metrics,
                             settings.audit_buffer),
-            metrics=metrics, budgets=Budgets(redis, upstream), slots=RunSlots(upstream.run_limits.concurrent),
+            metrics=metrics, budgets=Budgets(redis, upstream, since=revocations.generation_since),
+            slots=RunSlots(upstream.run_limits.concurrent),
             client_tls=client_tls(os.environ if env is None else env),
             upstream_tls=pg_upstream.tls_context(upstream.postgres, settings.upstream_ca_file),
         )

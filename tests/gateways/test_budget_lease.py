@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 
 from contract import keys
 from contract.claims import AccessClaims
-from contract.errors import ValetkeyError
+from contract.errors import Reason, Unavailable, ValetkeyError
 from gateways import budget_lease
 from gateways.budget import Budgets
 from gateways.budget_lease import lease_terms
@@ -160,7 +160,8 @@ def test_a_lease_enters_the_window_at_its_end_and_gives_back_what_it_did_not_spe
             await client.aclose()
 
     scores, redis_ms, held, window_after, total_after = asyncio.run(scenario())
-    assert len(scores) == size and held == size  # the whole lease counted at once
+    assert len(scores) == size  # the whole lease counted at once
+    assert held == size
     assert all(s >= redis_ms + seconds * 1000 - 1 for s in scores)  # stamped at the end of its life
     assert (window_after, total_after) == (1, 1)  # the unspent went back; the one spent stays
 
@@ -227,3 +228,137 @@ def test_a_renewal_refused_leaves_the_held_lease_to_run_out(redis_url: str) -> N
 
     assert asyncio.run(scenario()) == ["ok"] * 64 + ["budget_exceeded"] * 2
 
+
+
+def test_a_one_off_call_never_shortens_the_window_under_a_lease(redis_url: str) -> None:
+    """A lease stamps its requests at the end of its life; a later one-request call (made while
+    another ask is in flight, or by another replica) must not cut the window's life short, or
+    the lease's spent requests would leave it early and the run could exceed its limit."""
+    p = purpose(model.Rate(512, 2))
+    up = upstream(p)
+    size, seconds = lease_terms(p, up)
+
+    async def scenario() -> tuple[int, int]:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            budgets, claims = Budgets(client, up), new_claims()
+            window = f"{keys.budget(claims.sub, up.name)}:rate:{p.name}"
+            await budgets._ask(claims, p, size, seconds)  # a lease: stamped now + lease
+            await budgets._ask(claims, p, 1, 0.0)  # then one request alone
+            return await client.pttl(window), round((2 + seconds) * 1000)
+        finally:
+            await client.aclose()
+
+    pttl, needed = asyncio.run(scenario())
+    assert pttl >= needed - 100
+
+
+def test_a_give_back_sent_twice_gives_back_once(redis_url: str) -> None:
+    """A retry of the give-back (its answer lost) must not give the requests back again."""
+    p = purpose(model.Rate(600, 60))
+    up = upstream(p, model.RunLimits(requests=1000))
+    size, seconds = lease_terms(p, up)
+
+    async def scenario() -> tuple[int, int, int]:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            budgets, claims = Budgets(client, up), new_claims()
+            run = keys.budget(claims.sub, up.name)
+            grant = await budgets._ask(claims, p, size, seconds)
+            first = await grant.give_back(grant.member, size - 1)
+            again = await grant.give_back(grant.member, size - 1)
+            return int(str(first)), int(str(again)), int(await client.get(f"{run}:requests") or 0)
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(scenario()) == (size - 1, 0, 1)
+
+
+def test_a_request_cancelled_while_it_asks_leaks_no_lease(redis_url: str) -> None:
+    """The client goes away while its charge's script call is on the wire: what Redis granted is
+    installed unspent and given back in time, so nothing stays counted for a request never made."""
+    p = purpose(None)
+    up = upstream(p, model.RunLimits(requests=2000))
+    _, seconds = lease_terms(p, up)
+
+    async def scenario() -> int:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            budgets, claims = Budgets(client, up), new_claims()
+            for _ in range(5):
+                task = asyncio.create_task(budgets.charge(claims, p, time.time()))
+                await asyncio.sleep(0)
+                await asyncio.sleep(0)  # the script call is sent
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            await asyncio.sleep(seconds + 0.3)  # every lease expired and given back
+            return int(await client.get(f"{keys.budget(claims.sub, up.name)}:requests") or 0)
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(scenario()) == 0
+
+
+def test_waiters_share_the_refusal_of_the_ask_they_waited_on() -> None:
+    """Redis unreachable (an ask that hangs, then fails): fifty concurrent requests are all
+    refused redis_unavailable within about one ask, not one ask after another."""
+    async def hang_then_fail(wanted: int, seconds: float) -> budget_lease.Grant:
+        await asyncio.sleep(0.3)
+        raise Unavailable("budget state unavailable: TimeoutError", Reason.REDIS_UNAVAILABLE)
+
+    async def scenario() -> tuple[list[str], float]:
+        leases = budget_lease.Leases()
+
+        async def one() -> str:
+            try:
+                await leases.spend(("run", "write"), 16, 1.0, hang_then_fail)
+            except ValetkeyError as exc:
+                return exc.code
+            return "ok"
+
+        started = time.perf_counter()
+        codes = await asyncio.gather(*(one() for _ in range(50)))
+        return codes, time.perf_counter() - started
+
+    codes, took = asyncio.run(scenario())
+    assert codes == ["redis_unavailable"] * 50
+    assert took < 0.55  # one hung ask (0.3 s) and the one-request asks sent meanwhile, not 3 in a row
+
+
+def test_a_renewal_cancelled_before_it_runs_leaves_no_ask_behind() -> None:
+    async def grant(wanted: int, seconds: float) -> budget_lease.Grant:
+        async def give_back(member: str, unspent: int) -> object:
+            return unspent
+        return budget_lease.Grant(wanted, "m", give_back)
+
+    async def scenario() -> tuple[int, str]:
+        leases = budget_lease.Leases()
+        key = ("run", "write")
+        await leases.spend(key, 4, 1.0, grant)
+        await leases.spend(key, 4, 1.0, grant)  # half spent: a renewal is asked in the background
+        for task in list(leases._tasks):
+            task.cancel()
+        await asyncio.sleep(0.01)
+        left = len(leases._asking)
+        await leases.spend(key, 4, 1.0, grant)  # neither stuck nor refused
+        return left, "ok"
+
+    assert asyncio.run(scenario()) == (0, "ok")
+
+
+def test_budget_state_lost_refuses_although_a_lease_is_held(redis_url: str) -> None:
+    p = purpose(model.Rate(600, 60))
+    up = upstream(p)
+    since: list[float | None] = [0.0]
+
+    async def scenario() -> list[str]:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            budgets, claims = Budgets(client, up, since=lambda: since[0]), new_claims()
+            first = await outcome(budgets, claims, p)
+            since[0] = time.time() + 5  # Redis lost its data after this run was minted
+            return [first, await outcome(budgets, claims, p)]
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(scenario()) == ["ok", "budget_state_lost"]
