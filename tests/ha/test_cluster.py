@@ -20,11 +20,13 @@ import pytest
 
 from contract import generation, keys, redis_url
 from contract.claims import AccessClaims
-from contract.errors import Unavailable
+from contract.errors import Unavailable, ValetkeyError
 from contract.redis_url import sync_client
 from contract.revocations import RevocationStore, Scope, new_revocation
 from gateways.budget import Budgets
+from gateways.budget_lease import lease_terms
 from gateways.revocation_watcher import RevocationWatcher
+from policies import model
 from tests.gateways.test_approvals import decide, pending_of, send
 from tests.gateways.test_faults import VALETKEY
 from tests.support.gateway_stack import Stack
@@ -258,6 +260,49 @@ def test_concurrent_budget_charges_are_exact_on_a_cluster(gateway_stack: Stack) 
         per_run = asyncio.run(scenario(topology.url))
         spread = {topology.master_of(keys.budget(c.sub, "echo")).port for c in runs}
         assert asyncio.run(beyond_the_pool(topology.url)) == [b"100"] * 3
+        given, given_again, at_once, in_all = asyncio.run(leased(topology.url))
+    assert (given, given_again) == (3, 0)
+    assert 319 - 2 * lease_terms(LEASED, LEASED_UPSTREAM)[0] <= at_once <= 319
+    assert in_all == 319
     counts = sorted({(c.count("ok"), c.count("budget_exceeded")) for c in per_run})
     assert counts == [(5, 3)], [sorted(set(c)) for c in per_run if c.count("ok") != 5][:3]
     assert len(spread) == 3
+
+
+LEASED = model.Purpose(name="write", why="Write items.", methods=frozenset({"POST"}),
+                       paths=(model.PathTemplate.parse("/v1/items"),), params=(),
+                       limits=model.Limits(rate=model.Rate(320, 60)))
+LEASED_UPSTREAM = model.Upstream(
+    name="echo", base_url="http://echo.test", scheme="http", host="echo.test", port=80,
+    secret=model.SecretRef(mount="secret", path="echo", field="token"),
+    injection=model.Injection(model.Placement.HEADER, header="Authorization", format="Bearer {secret}"),
+    env=model.SandboxEnv(placeholder="ECHO_TOKEN", base_url="ECHO_URL"), purposes={"write": LEASED},
+    run_limits=model.RunLimits(requests=1000))
+
+
+async def leased(url: str) -> tuple[int, int, int, int]:
+    """A generous limit on a cluster (script and give-back routed by the run's hash tag): a
+    give-back sent twice gives back once; then two replicas' leases admit at most the rest of the
+    limit at once, and exactly the rest once every lease is given back."""
+    clients = [redis_url.async_client(url) for _ in range(2)]
+    claims = AccessClaims.new(issuer="i", run_id=f"run_leased_{time.time_ns()}", audience="echo",
+                              runtime="tester", grants=[], now=int(time.time()), ttl=600)
+
+    async def outcome(budgets: Budgets) -> str:
+        try:
+            await budgets.charge(claims, LEASED, time.time())
+        except ValetkeyError as exc:
+            return exc.code
+        return "ok"
+
+    try:
+        replicas = [Budgets(c, LEASED_UPSTREAM) for c in clients]
+        grant = await replicas[0]._ask(claims, LEASED, 4, 1.0)  # one spent, three given back
+        given = [int(str(await grant.give_back(grant.member, 3))) for _ in range(2)]
+        first = await asyncio.gather(*(outcome(replicas[i % 2]) for i in range(400)))
+        await asyncio.sleep(lease_terms(LEASED, LEASED_UPSTREAM)[1] + 0.3)
+        later = [await outcome(replicas[i % 2]) for i in range(400)]
+        return given[0], given[1], first.count("ok"), first.count("ok") + later.count("ok")
+    finally:
+        for c in clients:
+            await c.aclose()
