@@ -343,6 +343,13 @@ class CredentialScanner:
         # still refuses
         return self._pairs("query", raw_query, b"&") or Finding(f"query:{_UNNAMED}", seen.name)
 
+    def scan_path(self, raw_path: bytes) -> Finding | None:
+        """The request path, raw and percent-decoded up to ``MAX_DECODES`` times (as the query)."""
+        if not raw_path:
+            return None
+        seen = self.find(b"\n".join(percent_decoded(raw_path)))
+        return None if seen is None else Finding("path", seen.name)
+
     def scan_body(self, body: bytes, content_type: str) -> Finding | None:
         """JSON: every key and string value, parsed; form: like the query; anything else: raw bytes."""
         if not body:

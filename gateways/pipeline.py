@@ -17,7 +17,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
-from urllib.parse import unquote_to_bytes
 
 from contract.errors import (
     BadRequest,
@@ -87,12 +86,10 @@ async def refuse_passthrough(gw: Gateway, ex: Exchange) -> None:
 
 
 def _scan_path(gw: Gateway, ex: Exchange) -> Finding | None:
-    raw = bytes(ex.scope.get("raw_path") or b"")
-    pattern = gw.scanner().find(raw) or gw.scanner().find(unquote_to_bytes(raw))
-    if pattern is None:
-        return None
-    ex.record.path = "[path withheld: it carried a credential]"
-    return Finding("path", pattern.name)
+    finding = gw.scanner().scan_path(bytes(ex.scope.get("raw_path") or b""))
+    if finding is not None:
+        ex.record.path = "[path withheld: it carried a credential]"
+    return finding
 
 
 async def _attribute(gw: Gateway, ex: Exchange) -> None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from contract.claims import token_prefix
 from contract.errors import Forbidden, Reason
-from gateways.credential_scan import CredentialPattern, CredentialScanner, Finding, percent_decoded
+from gateways.credential_scan import CredentialPattern, CredentialScanner
 from gateways.credentials import forwarded_headers, strip_query_param
 from gateways.exchange import Exchange
 from policies.model import Placement
@@ -36,11 +36,6 @@ RUN_TOKEN = CredentialPattern(
 SCANNER = CredentialScanner((RUN_TOKEN,), bounded=False)  # "x" + token still carries the token
 
 
-def _path(raw_path: bytes) -> Finding | None:
-    return next((Finding("path", RUN_TOKEN.name) for form in percent_decoded(raw_path)
-                 if SCANNER.find(form) is not None), None)
-
-
 async def refuse_run_tokens(gw: Gateway, ex: Exchange) -> None:
     """No run token in what would leave for the upstream. Reads headers, query, path and a
     buffered body (a streamed one is not read here). Reason: credential_passthrough."""
@@ -49,7 +44,7 @@ async def refuse_run_tokens(gw: Gateway, ex: Exchange) -> None:
     if injection.placement is Placement.QUERY:  # the placeholder's own parameter is replaced, not carried on
         query = strip_query_param(query, injection.param)
     finding = (SCANNER.scan_headers(forwarded_headers(ex.headers, injection)) or SCANNER.scan_query(query)
-               or _path(bytes(ex.scope.get("raw_path") or b"")))
+               or SCANNER.scan_path(bytes(ex.scope.get("raw_path") or b"")))
     if finding is None and isinstance(ex.body, bytes):
         content_type = (ex.header(b"content-type") or [b""])[0].decode("latin-1")
         finding = SCANNER.scan_body(ex.body, content_type)

@@ -215,12 +215,11 @@ async def _dial(loop: asyncio.AbstractEventLoop, address: str, port: int, within
 
 async def _connect(loop: asyncio.AbstractEventLoop, factory: Callable[[], asyncio.Protocol], address: str,
                    port: int, within: float) -> asyncio.Transport:
+    """``_dial``, then the socket as an asyncio transport (the relay where splice(2) is missing)."""
+    sock = await _dial(loop, address, port, within)
     try:
-        async with asyncio.timeout(within):
-            transport, _ = await loop.create_connection(factory, address, port)
-    except TimeoutError:
-        raise GatewayTimeout("the destination did not accept a connection in time",
-                             Reason.UPSTREAM_CONNECT_TIMEOUT) from None
-    except OSError:
-        raise UpstreamError("the destination refused the connection", Reason.UPSTREAM_UNREACHABLE) from None
+        transport, _ = await loop.create_connection(factory, sock=sock)
+    except BaseException:
+        sock.close()
+        raise
     return transport

@@ -135,6 +135,11 @@ REFUSALS = [
                  "credential_passthrough", id="proxy-authorization"),
     pytest.param("GET", "/v1/items", {"X-Api-Key": "sk-proj-" + "a1B2" * 12}, None, 403,
                  "credential_passthrough", id="openai-key"),
+    pytest.param("GET", f"/v1/items/{GHP}", {}, None, 403, "credential_passthrough", id="path"),
+    pytest.param("GET", "/v1/items/" + "".join(f"%{b:02X}" for b in GHP.encode()), {}, None, 403,
+                 "credential_passthrough", id="path-percent-encoded"),
+    pytest.param("GET", "/v1/items/" + "".join(f"%25{b:02X}" for b in GHP.encode()), {}, None, 403,
+                 "credential_passthrough", id="path-percent-encoded-twice"),
     pytest.param("TRACE", "/v1/items", {}, None, 405, "method_refused", id="trace"),
     # llhttp parses only registered methods: TRACK (and any made-up verb) ends at the parser
     pytest.param("TRACK", "/v1/items", {}, None, 400, "malformed_request", id="track"),
