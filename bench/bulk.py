@@ -139,17 +139,7 @@ def fetch_raw(host: str, port: int, *, authority: str, sni: str, size: int, prox
     with _dial(host, port, authority, proxy_auth, timeout) as conn:
         started = time.perf_counter()
         conn.sendall(hello + f"RAW {size}\n".encode())
-        buffer = bytearray(CHUNK)
-        view, got = memoryview(buffer), 0
-        while got < size:
-            n = conn.recv_into(view)
-            if not n:
-                break
-            got += n
-        seconds = time.perf_counter() - started
-    if got < size:
-        raise ConnectionError(f"raw transfer ended after {got} of {size} bytes")
-    return {"bytes": got, "seconds": round(seconds, 4), "mb_per_s": round(got / seconds / 1e6, 1)}
+        return _read_to(conn, memoryview(bytearray(CHUNK)), 0, size, started, "raw transfer")
 
 
 def fetch(host: str, port: int, *, authority: str, sni: str, ca: str, size: int,
@@ -166,24 +156,24 @@ def fetch(host: str, port: int, *, authority: str, sni: str, ca: str, size: int,
     with conn:
         started = time.perf_counter()
         conn.sendall(f"GET /bulk?bytes={size} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
-        buffer = bytearray(CHUNK)
-        view = memoryview(buffer)
-        got, head = 0, b""
+        view, head = memoryview(bytearray(CHUNK)), b""
         while b"\r\n\r\n" not in head:
             n = conn.recv_into(view)
             if not n:
                 raise ConnectionError("the bulk server closed before its answer")
             head += bytes(view[:n])
-        head, _, rest = head.partition(b"\r\n\r\n")
-        got = len(rest)
-        while got < size:
-            n = conn.recv_into(view)
-            if not n:
-                break
-            got += n
-        seconds = time.perf_counter() - started
-    if got < size:
-        raise ConnectionError(f"bulk transfer ended after {got} of {size} bytes")
+        return _read_to(conn, view, len(head.partition(b"\r\n\r\n")[2]), size, started, "bulk transfer")
+
+
+def _read_to(conn: socket.socket, view: memoryview, got: int, size: int, started: float,
+             what: str) -> dict[str, Any]:
+    """Read until ``size`` bytes have arrived (``got`` already): the figure from ``started``."""
+    while got < size:
+        n = conn.recv_into(view)
+        if not n:
+            raise ConnectionError(f"{what} ended after {got} of {size} bytes")
+        got += n
+    seconds = time.perf_counter() - started
     return {"bytes": got, "seconds": round(seconds, 4), "mb_per_s": round(got / seconds / 1e6, 1)}
 
 

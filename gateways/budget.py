@@ -210,6 +210,10 @@ class Budgets:
         self._give_back: Any = client.register_script(_GIVE_BACK)
         self._leases = Leases()
 
+    async def close(self) -> None:
+        """At shutdown: the leases this process holds are given back (``Leases.close``)."""
+        await self._leases.close()
+
     def applies(self, purpose: Purpose) -> bool:
         limits = self._upstream.run_limits
         return purpose.limits.rate is not None or limits.requests is not None or limits.bytes_out is not None

@@ -30,6 +30,7 @@ gives nothing back: its requests leave the window with the period and stay in th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ MIN_SECONDS = 0.05  # a rate period too short for a lease this long is charged r
 SPEND_WITHIN = 0.8  # of a lease's lifetime, from before the ask: its requests are spent in this
 RENEW_AT = 0.5  # a lease half spent, or half its lifetime gone, is renewed in the background
 MAX_SIZE = 16
+CLOSE_WITHIN = 2.0  # seconds a stopping process waits for its give-backs
 PER_REQUEST = 32  # of the limit, per leased request
 
 Key = tuple[str, str]  # (run, purpose)
@@ -99,6 +101,7 @@ class Leases:
     """The leases of one gateway process for one upstream, by (run, purpose)."""
 
     def __init__(self) -> None:
+        self._closed = False
         self._held: dict[Key, Lease] = {}
         # the ask in flight per key; its result is the refusal it met (waiters raise it), or None
         self._asking: dict[Key, asyncio.Future[ValetkeyError | None]] = {}
@@ -163,7 +166,26 @@ class Leases:
             del self._asking[key]
         done.set_result(refusal)
 
+    async def close(self) -> None:
+        """Give back every held lease, and what an ask still in flight grants, waiting at most
+        ``CLOSE_WITHIN`` for those calls: a stopping process leaves its unspent requests to the
+        other replicas rather than to the end of the window."""
+        self._closed = True
+        for key, lease in list(self._held.items()):
+            del self._held[key]
+            self._give_back(lease)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(CLOSE_WITHIN):
+                while self._tasks:  # a grant arriving now is given back at once, adding a task
+                    await asyncio.gather(*self._tasks, return_exceptions=True)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
     def _install(self, key: Key, lease: Lease) -> None:
+        if self._closed:
+            self._give_back(lease)
+            return
         old = self._held.get(key)
         self._held[key] = lease
         if old is not None:

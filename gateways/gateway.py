@@ -244,6 +244,7 @@ class Gateway:
         await self.resolver.start()
 
     async def stop_own(self) -> None:
+        await self.budgets.close()  # before the Redis client closes: leases given back
         if self.prewarm is not None:
             await self.prewarm.stop()
         if self.credentials is not None:

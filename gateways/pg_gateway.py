@@ -216,6 +216,7 @@ class PgGateway:
             server.shutdown()
             server.server_close()
             thread.join(timeout=5)
+        await self.budgets.close()
         await self.prewarm.stop()
         await self.leases.stop()
         await self.issued.stop()

@@ -223,6 +223,7 @@ class Hub:
             await gw.client.aclose()
             await gw.vault.aclose()
         for gw, _ in self._hosts.values():
+            await gw.budgets.close()
             await gw.client.aclose()
         await self.leaves.stop()
         await self.base.stop()  # its resolver and secret store never started: stopping them is a no-op

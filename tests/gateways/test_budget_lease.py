@@ -105,6 +105,7 @@ def test_one_process_spends_exactly_the_limit_with_few_calls(redis_url: str, rat
                 detail = str(exc)
             return results, calls, detail
         finally:
+            await budgets.close()
             await client.aclose()
 
     results, calls, detail = asyncio.run(scenario())
@@ -130,6 +131,8 @@ def test_two_replicas_never_exceed_and_refuse_early_only_by_the_unspent(redis_ur
             later = [await outcome(replicas[i % 2], claims, p) for i in range(400)]
             return first.count("ok"), first.count("ok") + later.count("ok")
         finally:
+            for r in replicas:
+                await r.close()
             for c in clients:
                 await c.aclose()
 
@@ -157,6 +160,7 @@ def test_a_lease_enters_the_window_at_its_end_and_gives_back_what_it_did_not_spe
             return (scores, redis_now[0] * 1000 + redis_now[1] / 1000, held,
                     await client.zcard(window), int(await client.get(total) or 0))
         finally:
+            await budgets.close()
             await client.aclose()
 
     scores, redis_ms, held, window_after, total_after = asyncio.run(scenario())
@@ -185,6 +189,7 @@ def test_a_request_spends_from_the_lease_without_a_redis_call() -> None:
             await asyncio.sleep(seconds * budget_lease.SPEND_WITHIN + 0.05)
             return [first, *held, await outcome(budgets, claims, p)], spent_in
         finally:
+            await budgets.close()
             await client.aclose()
 
     with RedisServer() as server:
@@ -208,6 +213,7 @@ def test_leases_are_forgotten_after_their_life(redis_url: str) -> None:
             await asyncio.sleep(seconds + 0.2)
             return held, len(budgets._leases)
         finally:
+            await budgets.close()
             await client.aclose()
 
     assert asyncio.run(scenario()) == (20, 0)
@@ -224,6 +230,7 @@ def test_a_renewal_refused_leaves_the_held_lease_to_run_out(redis_url: str) -> N
             budgets, claims = Budgets(client, up), new_claims()
             return [await outcome(budgets, claims, p) for _ in range(66)]
         finally:
+            await budgets.close()
             await client.aclose()
 
     assert asyncio.run(scenario()) == ["ok"] * 64 + ["budget_exceeded"] * 2
@@ -247,6 +254,7 @@ def test_a_one_off_call_never_shortens_the_window_under_a_lease(redis_url: str) 
             await budgets._ask(claims, p, 1, 0.0)  # then one request alone
             return await client.pttl(window), round((2 + seconds) * 1000)
         finally:
+            await budgets.close()
             await client.aclose()
 
     pttl, needed = asyncio.run(scenario())
@@ -269,6 +277,7 @@ def test_a_give_back_sent_twice_gives_back_once(redis_url: str) -> None:
             again = await grant.give_back(grant.member, size - 1)
             return int(str(first)), int(str(again)), int(await client.get(f"{run}:requests") or 0)
         finally:
+            await budgets.close()
             await client.aclose()
 
     assert asyncio.run(scenario()) == (size - 1, 0, 1)
@@ -294,6 +303,7 @@ def test_a_request_cancelled_while_it_asks_leaks_no_lease(redis_url: str) -> Non
             await asyncio.sleep(seconds + 0.3)  # every lease expired and given back
             return int(await client.get(f"{keys.budget(claims.sub, up.name)}:requests") or 0)
         finally:
+            await budgets.close()
             await client.aclose()
 
     assert asyncio.run(scenario()) == 0
@@ -359,6 +369,28 @@ def test_budget_state_lost_refuses_although_a_lease_is_held(redis_url: str) -> N
             since[0] = time.time() + 5  # Redis lost its data after this run was minted
             return [first, await outcome(budgets, claims, p)]
         finally:
+            await budgets.close()
             await client.aclose()
 
     assert asyncio.run(scenario()) == ["ok", "budget_state_lost"]
+
+
+def test_a_stopping_process_gives_its_leases_back(redis_url: str) -> None:
+    """``Budgets.close`` (gateway shutdown): the held lease's unspent requests go back at once,
+    not at the end of the lease's life, so the other replicas can spend them."""
+    p = purpose(None)
+    up = upstream(p, model.RunLimits(requests=2000))
+
+    async def scenario() -> tuple[int, int]:
+        client = aioredis.Redis.from_url(redis_url)
+        budgets, claims = Budgets(client, up), new_claims()
+        total = f"{keys.budget(claims.sub, up.name)}:requests"
+        try:
+            await budgets.charge(claims, p, time.time())
+            held = int(await client.get(total) or 0)
+            await budgets.close()
+            return held, int(await client.get(total) or 0)
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(scenario()) == (16, 1)

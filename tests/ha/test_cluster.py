@@ -28,6 +28,7 @@ from gateways.budget_lease import lease_terms
 from gateways.revocation_watcher import RevocationWatcher
 from policies import model
 from tests.gateways.test_approvals import decide, pending_of, send
+from tests.gateways.test_budget_lease import purpose, upstream
 from tests.gateways.test_faults import VALETKEY
 from tests.support.gateway_stack import Stack
 from tests.support.ha_stack import PATH, HAStack, call, fail_over, two_of_each, wait_audit
@@ -269,15 +270,8 @@ def test_concurrent_budget_charges_are_exact_on_a_cluster(gateway_stack: Stack) 
     assert len(spread) == 3
 
 
-LEASED = model.Purpose(name="write", why="Write items.", methods=frozenset({"POST"}),
-                       paths=(model.PathTemplate.parse("/v1/items"),), params=(),
-                       limits=model.Limits(rate=model.Rate(320, 60)))
-LEASED_UPSTREAM = model.Upstream(
-    name="echo", base_url="http://echo.test", scheme="http", host="echo.test", port=80,
-    secret=model.SecretRef(mount="secret", path="echo", field="token"),
-    injection=model.Injection(model.Placement.HEADER, header="Authorization", format="Bearer {secret}"),
-    env=model.SandboxEnv(placeholder="ECHO_TOKEN", base_url="ECHO_URL"), purposes={"write": LEASED},
-    run_limits=model.RunLimits(requests=1000))
+LEASED = purpose(model.Rate(320, 60))
+LEASED_UPSTREAM = upstream(LEASED, model.RunLimits(requests=1000))
 
 
 async def leased(url: str) -> tuple[int, int, int, int]:
@@ -295,8 +289,8 @@ async def leased(url: str) -> tuple[int, int, int, int]:
             return exc.code
         return "ok"
 
+    replicas = [Budgets(c, LEASED_UPSTREAM) for c in clients]
     try:
-        replicas = [Budgets(c, LEASED_UPSTREAM) for c in clients]
         grant = await replicas[0]._ask(claims, LEASED, 4, 1.0)  # one spent, three given back
         given = [int(str(await grant.give_back(grant.member, 3))) for _ in range(2)]
         first = await asyncio.gather(*(outcome(replicas[i % 2]) for i in range(400)))
@@ -304,5 +298,7 @@ async def leased(url: str) -> tuple[int, int, int, int]:
         later = [await outcome(replicas[i % 2]) for i in range(400)]
         return given[0], given[1], first.count("ok"), first.count("ok") + later.count("ok")
     finally:
+        for r in replicas:
+            await r.close()
         for c in clients:
             await c.aclose()
