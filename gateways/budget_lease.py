@@ -23,8 +23,9 @@ lease it replaces, per other replica and purpose, for at most one lease's lifeti
 generous limits lease: one leased request per ``PER_REQUEST`` of the limit (``"120 per 1m"``
 leases 3, ``"600 per 1m"`` 16, ``"30 per 1m"`` none), at most ``MAX_SIZE``, and never where a
 bytes-out total applies (bytes are known only after each response). A lease lives
-``LEASE_SECONDS``, or a quarter of a short rate period. A process that stops holding a lease
-gives nothing back: its requests leave the window with the period and stay in the total.
+``LEASE_SECONDS``, or a quarter of a short rate period. A process gives its leases back as it
+stops (``close``); one that dies holding a lease gives nothing back: its requests leave the
+window with the period and stay in the total.
 """
 
 from __future__ import annotations
