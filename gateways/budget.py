@@ -262,10 +262,10 @@ class Budgets:
             raise error
         counted = 1 if self._upstream.run_limits.requests else 0
 
-        async def give_back(member: str, unspent: int) -> object:
+        async def give_back(unspent: int) -> object:
             return await self._give_back(keys=[names[0], names[1], names[3]], args=[member, unspent, counted])
 
-        return Grant(int(granted), member, give_back)
+        return Grant(int(granted), give_back)
 
     async def add_bytes(self, claims: AccessClaims, count: int, now: float) -> None:
         """Count response bytes toward the run's bytes-out total (after the response)."""

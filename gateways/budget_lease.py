@@ -36,7 +36,7 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 
@@ -53,6 +53,7 @@ CLOSE_WITHIN = 2.0  # seconds a stopping process waits for its give-backs
 PER_REQUEST = 32  # of the limit, per leased request
 
 Key = tuple[str, str]  # (run, purpose)
+_T = TypeVar("_T")
 
 
 def lease_terms(purpose: Purpose, upstream: Upstream) -> tuple[int, float]:
@@ -73,12 +74,11 @@ def lease_terms(purpose: Purpose, upstream: Upstream) -> tuple[int, float]:
 
 @dataclass
 class Grant:
-    """What Redis granted: ``granted`` requests named ``member:1..granted``; ``give_back(member,
-    unspent)`` returns the unspent ones (once: the script forgets the lease as it does)."""
+    """What Redis granted: ``granted`` requests; ``give_back(unspent)`` returns the unspent ones
+    (once: the script forgets the lease as it does)."""
 
     granted: int
-    member: str
-    give_back: Callable[[str, int], Awaitable[object]]
+    give_back: Callable[[int], Awaitable[object]]
 
 
 @dataclass
@@ -147,21 +147,24 @@ class Leases:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[ValetkeyError | None] = loop.create_future()
         self._asking[key] = done
-        task = loop.create_task(ask(size, seconds))
+        task = self._start(ask(size, seconds))
+        task.add_done_callback(partial(self._granted, key, loop.time(), seconds, done, claim))
+        return task
+
+    def _start(self, work: Coroutine[Any, Any, _T]) -> asyncio.Task[_T]:
+        task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)  # held until done: the loop keeps only weak references
         task.add_done_callback(self._tasks.discard)
-        task.add_done_callback(partial(self._granted, key, loop.time(), seconds, done, claim))
         return task
 
     def _granted(self, key: Key, asked: float, seconds: float, done: asyncio.Future[ValetkeyError | None],
                  claim: list[bool], task: asyncio.Task[Grant]) -> None:
         refusal: ValetkeyError | None = None
-        if task.cancelled():
-            pass
-        elif isinstance(error := task.exception(), BaseException):  # retrieved: never "unhandled"
+        error = None if task.cancelled() else task.exception()  # retrieved: never "unhandled"
+        if error is not None:
             refusal = error if isinstance(error, ValetkeyError) else None
             log.debug('{"event":"budget_lease_not_granted","type":"%s"}', type(error).__name__)
-        else:
+        elif not task.cancelled():
             self._install(key, Lease(task.result(), asked, seconds, spent=1 if claim[0] else 0))
         if self._asking.get(key) is done:
             del self._asking[key]
@@ -202,14 +205,12 @@ class Leases:
         grant, unspent = lease.grant, lease.grant.granted - lease.spent
         lease.spent = grant.granted  # nothing more is spent from it
         if unspent > 0:
-            task = asyncio.get_running_loop().create_task(self._returned(grant, unspent))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._start(self._returned(grant, unspent))
 
     @staticmethod
     async def _returned(grant: Grant, unspent: int) -> None:
         try:
-            await grant.give_back(grant.member, unspent)
+            await grant.give_back(unspent)
         except (RedisError, OSError) as exc:  # not given back: they pass with the period
             log.warning('{"event":"budget_lease_not_given_back","unspent":%d,"type":"%s"}', unspent,
                         type(exc).__name__)

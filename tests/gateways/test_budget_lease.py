@@ -6,8 +6,9 @@ lease without a Redis call."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -67,6 +68,19 @@ def new_claims() -> Any:
                             grants=[], now=int(time.time()), ttl=3600)
 
 
+@contextlib.asynccontextmanager
+async def budgets_on(url: str, up: model.Upstream,
+                     since: Callable[[], float | None] = lambda: 0.0) -> AsyncIterator[tuple[Budgets, aioredis.Redis]]:
+    """One process's ``Budgets`` on its own client; closed (leases given back) at the end."""
+    client = aioredis.Redis.from_url(url)
+    budgets = Budgets(client, up, since=since)
+    try:
+        yield budgets, client
+    finally:
+        await budgets.close()
+        await client.aclose()
+
+
 async def outcome(budgets: Budgets, claims: Any, p: model.Purpose) -> str:
     try:
         await budgets.charge(claims, p, time.time())
@@ -92,9 +106,8 @@ def test_one_process_spends_exactly_the_limit_with_few_calls(redis_url: str, rat
     up = upstream(p, limits)
 
     async def scenario() -> tuple[list[str], int, str]:
-        client = aioredis.Redis.from_url(redis_url)
-        try:
-            budgets, claims = Budgets(client, up), new_claims()
+        async with budgets_on(redis_url, up) as (budgets, client):
+            claims = new_claims()
             before = await script_calls(client)
             results = [await outcome(budgets, claims, p) for _ in range(limit + 3)]
             calls = await script_calls(client) - before
@@ -104,9 +117,6 @@ def test_one_process_spends_exactly_the_limit_with_few_calls(redis_url: str, rat
             except ValetkeyError as exc:
                 detail = str(exc)
             return results, calls, detail
-        finally:
-            await budgets.close()
-            await client.aclose()
 
     results, calls, detail = asyncio.run(scenario())
     assert results == ["ok"] * limit + ["budget_exceeded"] * 3
@@ -147,9 +157,8 @@ def test_a_lease_enters_the_window_at_its_end_and_gives_back_what_it_did_not_spe
     size, seconds = lease_terms(p, up)
 
     async def scenario() -> tuple[list[float], float, int, int, int]:
-        client = aioredis.Redis.from_url(redis_url)
-        try:
-            budgets, claims = Budgets(client, up), new_claims()
+        async with budgets_on(redis_url, up) as (budgets, client):
+            claims = new_claims()
             run = keys.budget(claims.sub, up.name)
             window, total = f"{run}:rate:{p.name}", f"{run}:requests"
             redis_now = await client.time()
@@ -159,9 +168,6 @@ def test_a_lease_enters_the_window_at_its_end_and_gives_back_what_it_did_not_spe
             await asyncio.sleep(seconds + 0.3)
             return (scores, redis_now[0] * 1000 + redis_now[1] / 1000, held,
                     await client.zcard(window), int(await client.get(total) or 0))
-        finally:
-            await budgets.close()
-            await client.aclose()
 
     scores, redis_ms, held, window_after, total_after = asyncio.run(scenario())
     assert len(scores) == size  # the whole lease counted at once
@@ -204,17 +210,12 @@ def test_leases_are_forgotten_after_their_life(redis_url: str) -> None:
     _, seconds = lease_terms(p, up)
 
     async def scenario() -> tuple[int, int]:
-        client = aioredis.Redis.from_url(redis_url)
-        try:
-            budgets = Budgets(client, up)
+        async with budgets_on(redis_url, up) as (budgets, _client):
             for _ in range(20):
                 await budgets.charge(new_claims(), p, time.time())
             held = len(budgets._leases)
             await asyncio.sleep(seconds + 0.2)
             return held, len(budgets._leases)
-        finally:
-            await budgets.close()
-            await client.aclose()
 
     assert asyncio.run(scenario()) == (20, 0)
 
@@ -225,13 +226,9 @@ def test_a_renewal_refused_leaves_the_held_lease_to_run_out(redis_url: str) -> N
     up = upstream(p)
 
     async def scenario() -> list[str]:
-        client = aioredis.Redis.from_url(redis_url)
-        try:
-            budgets, claims = Budgets(client, up), new_claims()
+        async with budgets_on(redis_url, up) as (budgets, _client):
+            claims = new_claims()
             return [await outcome(budgets, claims, p) for _ in range(66)]
-        finally:
-            await budgets.close()
-            await client.aclose()
 
     assert asyncio.run(scenario()) == ["ok"] * 64 + ["budget_exceeded"] * 2
 
@@ -246,16 +243,12 @@ def test_a_one_off_call_never_shortens_the_window_under_a_lease(redis_url: str) 
     size, seconds = lease_terms(p, up)
 
     async def scenario() -> tuple[int, int]:
-        client = aioredis.Redis.from_url(redis_url)
-        try:
-            budgets, claims = Budgets(client, up), new_claims()
+        async with budgets_on(redis_url, up) as (budgets, client):
+            claims = new_claims()
             window = f"{keys.budget(claims.sub, up.name)}:rate:{p.name}"
             await budgets._ask(claims, p, size, seconds)  # a lease: stamped now + lease
             await budgets._ask(claims, p, 1, 0.0)  # then one request alone
             return await client.pttl(window), round((2 + seconds) * 1000)
-        finally:
-            await budgets.close()
-            await client.aclose()
 
     pttl, needed = asyncio.run(scenario())
     assert pttl >= needed - 100
@@ -268,17 +261,13 @@ def test_a_give_back_sent_twice_gives_back_once(redis_url: str) -> None:
     size, seconds = lease_terms(p, up)
 
     async def scenario() -> tuple[int, int, int]:
-        client = aioredis.Redis.from_url(redis_url)
-        try:
-            budgets, claims = Budgets(client, up), new_claims()
+        async with budgets_on(redis_url, up) as (budgets, client):
+            claims = new_claims()
             run = keys.budget(claims.sub, up.name)
             grant = await budgets._ask(claims, p, size, seconds)
-            first = await grant.give_back(grant.member, size - 1)
-            again = await grant.give_back(grant.member, size - 1)
+            first = await grant.give_back(size - 1)
+            again = await grant.give_back(size - 1)
             return int(str(first)), int(str(again)), int(await client.get(f"{run}:requests") or 0)
-        finally:
-            await budgets.close()
-            await client.aclose()
 
     assert asyncio.run(scenario()) == (size - 1, 0, 1)
 
@@ -291,9 +280,8 @@ def test_a_request_cancelled_while_it_asks_leaks_no_lease(redis_url: str) -> Non
     _, seconds = lease_terms(p, up)
 
     async def scenario() -> int:
-        client = aioredis.Redis.from_url(redis_url)
-        try:
-            budgets, claims = Budgets(client, up), new_claims()
+        async with budgets_on(redis_url, up) as (budgets, client):
+            claims = new_claims()
             for _ in range(5):
                 task = asyncio.create_task(budgets.charge(claims, p, time.time()))
                 await asyncio.sleep(0)
@@ -302,9 +290,6 @@ def test_a_request_cancelled_while_it_asks_leaks_no_lease(redis_url: str) -> Non
                 await asyncio.gather(task, return_exceptions=True)
             await asyncio.sleep(seconds + 0.3)  # every lease expired and given back
             return int(await client.get(f"{keys.budget(claims.sub, up.name)}:requests") or 0)
-        finally:
-            await budgets.close()
-            await client.aclose()
 
     assert asyncio.run(scenario()) == 0
 
@@ -337,9 +322,9 @@ def test_waiters_share_the_refusal_of_the_ask_they_waited_on() -> None:
 
 def test_a_renewal_cancelled_before_it_runs_leaves_no_ask_behind() -> None:
     async def grant(wanted: int, seconds: float) -> budget_lease.Grant:
-        async def give_back(member: str, unspent: int) -> object:
+        async def give_back(unspent: int) -> object:
             return unspent
-        return budget_lease.Grant(wanted, "m", give_back)
+        return budget_lease.Grant(wanted, give_back)
 
     async def scenario() -> tuple[int, str]:
         leases = budget_lease.Leases()
@@ -362,15 +347,11 @@ def test_budget_state_lost_refuses_although_a_lease_is_held(redis_url: str) -> N
     since: list[float | None] = [0.0]
 
     async def scenario() -> list[str]:
-        client = aioredis.Redis.from_url(redis_url)
-        try:
-            budgets, claims = Budgets(client, up, since=lambda: since[0]), new_claims()
+        async with budgets_on(redis_url, up, since=lambda: since[0]) as (budgets, _client):
+            claims = new_claims()
             first = await outcome(budgets, claims, p)
             since[0] = time.time() + 5  # Redis lost its data after this run was minted
             return [first, await outcome(budgets, claims, p)]
-        finally:
-            await budgets.close()
-            await client.aclose()
 
     assert asyncio.run(scenario()) == ["ok", "budget_state_lost"]
 

@@ -292,7 +292,7 @@ async def leased(url: str) -> tuple[int, int, int, int]:
     replicas = [Budgets(c, LEASED_UPSTREAM) for c in clients]
     try:
         grant = await replicas[0]._ask(claims, LEASED, 4, 1.0)  # one spent, three given back
-        given = [int(str(await grant.give_back(grant.member, 3))) for _ in range(2)]
+        given = [int(str(await grant.give_back(3))) for _ in range(2)]
         first = await asyncio.gather(*(outcome(replicas[i % 2]) for i in range(400)))
         await asyncio.sleep(lease_terms(LEASED, LEASED_UPSTREAM)[1] + 0.3)
         later = [await outcome(replicas[i % 2]) for i in range(400)]
