@@ -10,10 +10,10 @@ from typing import Any
 
 from contract.claims import AccessClaims
 from gateways.audit import AuditRecord, masked_path
-from gateways.credentials import Headers
+from gateways.credentials import Headers, forwarded_headers
 from gateways.paths import CanonicalPath
 from gateways.sources.cache import Held
-from policies.model import Purpose
+from policies.model import Injection, Purpose
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -39,6 +39,14 @@ class Exchange:
     response_started: bool = False
     release_slot: Callable[[], None] | None = None
     held: Held[Any] | None = None  # the run's issued credential (a credential source), or None
+    _forwarded: Headers | None = None
+
+    def forwarded(self, injection: Injection) -> Headers:
+        """The client headers that may leave for the upstream (``forwarded_headers``), worked out
+        once per request: the run-token check scans them, then injection or stripping sends them."""
+        if self._forwarded is None:
+            self._forwarded = forwarded_headers(self.headers, injection)
+        return self._forwarded
 
     @property
     def method(self) -> str:

@@ -33,7 +33,7 @@ from contract.errors import (
 )
 from gateways.approval_step import hold_for_approval, refuse_enterprise_denied
 from gateways.credential_scan import Finding, media_type
-from gateways.credentials import extract_placeholder, forwarded_headers, inject
+from gateways.credentials import extract_placeholder, inject
 from gateways.exchange import Exchange
 from gateways.fields import FieldRules, find_in_body, find_in_query
 from gateways.paths import canonical_path
@@ -242,7 +242,7 @@ async def inject_secret(gw: Gateway, ex: Exchange) -> None:
         secret = credential.value
     else:
         secret = gw.secrets.current()
-    headers = forwarded_headers(ex.headers, gw.upstream.injection)
+    headers = ex.forwarded(gw.upstream.injection)
     ex.upstream_headers, ex.upstream_query = inject(headers, ex.query, gw.upstream.injection, secret)
 
 

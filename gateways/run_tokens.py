@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from contract.claims import token_prefix
 from contract.errors import Forbidden, Reason
 from gateways.credential_scan import CredentialPattern, CredentialScanner
-from gateways.credentials import forwarded_headers, strip_query_param
+from gateways.credentials import strip_query_param
 from gateways.exchange import Exchange
 from policies.model import Placement
 
@@ -43,7 +43,7 @@ async def refuse_run_tokens(gw: Gateway, ex: Exchange) -> None:
     query = ex.query
     if injection.placement is Placement.QUERY:  # the placeholder's own parameter is replaced, not carried on
         query = strip_query_param(query, injection.param)
-    finding = (SCANNER.scan_headers(forwarded_headers(ex.headers, injection)) or SCANNER.scan_query(query)
+    finding = (SCANNER.scan_headers(ex.forwarded(injection)) or SCANNER.scan_query(query)
                or SCANNER.scan_path(bytes(ex.scope.get("raw_path") or b"")))
     if finding is None and isinstance(ex.body, bytes):
         content_type = (ex.header(b"content-type") or [b""])[0].decode("latin-1")

@@ -8,7 +8,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from gateways.credentials import forwarded_headers, inject
+from gateways.credentials import inject
 from gateways.encodings import BodyDecoder, body_decoder
 from gateways.exchange import Exchange
 from gateways.sse import SseRedactor, body_stream
@@ -75,7 +75,7 @@ async def _open(gw: Gateway, ex: Exchange, address: str, raw_target: bytes) -> R
     await response.aclose()
     ex.held = await gw.credentials.refresh_now(ex.claims, ex.held.credential)
     ex.record.credential_id = ex.held.credential.id
-    headers = forwarded_headers(ex.headers, gw.upstream.injection)
+    headers = ex.forwarded(gw.upstream.injection)
     ex.upstream_headers, ex.upstream_query = inject(headers, ex.query, gw.upstream.injection,
                                                     ex.held.credential.value)
     path = raw_target.split(b"?", 1)[0]

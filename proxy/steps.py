@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 
 from contract.errors import BadRequest, Forbidden, MethodNotAllowed, Reason, TokenInvalid
 from gateways import pipeline as p
-from gateways.credentials import forwarded_headers
 from gateways.exchange import Exchange
 from gateways.paths import canonical_path
 from proxy.connect import TUNNEL_KEY, Admission, narrowed
@@ -88,7 +87,7 @@ async def same_run(gw: Gateway, ex: Exchange) -> None:
 async def strip_credentials(gw: Gateway, ex: Exchange) -> None:
     """A destination gets no secret: every client credential and routing header is removed,
     and the body comes back unencoded so it can be redacted. Fills upstream_headers."""
-    headers = forwarded_headers(ex.headers, gw.upstream.injection)
+    headers = ex.forwarded(gw.upstream.injection)
     ex.upstream_headers = [*headers, (b"accept-encoding", b"identity")]
     ex.upstream_query = ex.query
 
